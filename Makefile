@@ -1,0 +1,24 @@
+# Two entry points: `make demo` (set up + default run on the embedded SmolLM2 pair) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+setup: $(BIN)/python
+	bash scripts/setup.sh $(VENV)
+
+demo: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python launch.py
+
+test: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check specbench tests launch.py benchmarks
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/engine_vs_hf.py --questions ../shared/data/spec_bench/question.jsonl

@@ -1,0 +1,127 @@
+"""The one place that touches a model's KV cache (methods.md §3.3).
+
+``CachedModel`` runs a causal LM over a batch whose rows have different lengths. It keeps, next to
+the transformers ``DynamicCache``, a boolean ``valid`` mask over cache slots: left padding and
+rejected drafts are invalid slots, masked out of attention and skipped by the per-row position ids.
+After a round ``keep(counts)`` invalidates everything past each row's committed length, crops the
+columns no row uses and, when rows have holes, re-aligns them to the right so that no rejected token
+stays in the attended context or wastes attention compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # (B, W, vocab) float32, sliced to the shared vocabulary
+    hidden: torch.Tensor | None  # (B, W, H) last-layer hidden state (after the final norm)
+    hidden_states: tuple[torch.Tensor, ...] | None  # all layers, when requested
+
+
+class CachedModel:
+    """A causal LM with its own KV cache and per-row slot validity."""
+
+    def __init__(self, model: PreTrainedModel, vocab_size: int):
+        self.model = model
+        self.vocab_size = vocab_size
+        self.device = next(model.parameters()).device
+        self.cache: DynamicCache | None = None
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+
+    def reset(self, batch_size: int) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)
+
+    @property
+    def num_valid(self) -> torch.Tensor:
+        """(B,) number of tokens of each row held in the cache."""
+        return self.valid.sum(dim=1)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        input_valid: torch.Tensor | None = None,
+        output_hidden: bool = False,
+        output_all_hidden: bool = False,
+    ) -> ForwardOutput:
+        """Append ``input_ids`` (B, W) to the cache; ``input_valid`` marks padding columns as False."""
+        if input_valid is None:
+            input_valid = torch.ones_like(input_ids, dtype=torch.bool)
+        positions = self.num_valid.unsqueeze(1) + input_valid.long().cumsum(dim=1) - 1
+        positions = positions.clamp(min=0)
+        attention = torch.cat([self.valid, input_valid], dim=1).long()
+        want_hidden = output_hidden or output_all_hidden
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+        )
+        self.valid = torch.cat([self.valid, input_valid], dim=1)
+        hidden_states = out.hidden_states if want_hidden else None
+        return ForwardOutput(
+            logits=out.logits[..., : self.vocab_size].float(),
+            hidden=self._final_hidden(hidden_states) if want_hidden else None,
+            hidden_states=hidden_states if output_all_hidden else None,
+        )
+
+    def _final_hidden(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        # transformers returns the last entry after the final norm for Llama/Qwen-style models.
+        return hidden_states[-1]
+
+    def keep(self, counts: torch.Tensor) -> None:
+        """Keep only the first ``counts[b]`` cached tokens of each row; drop the rest from attention."""
+        kept = self.valid & (self.valid.long().cumsum(dim=1) <= counts.unsqueeze(1))
+        self.valid = kept
+        self._compact()
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the given batch rows (finished sequences leave the batch)."""
+        for layer in self._layers():
+            layer.keys = layer.keys[rows]
+            layer.values = layer.values[rows]
+        self.valid = self.valid[rows]
+        self._compact()
+
+    def _layers(self):
+        layers = [layer for layer in self.cache.layers if getattr(layer, "is_initialized", False)]
+        for layer in layers:
+            if getattr(layer, "is_sliding", False):
+                raise NotImplementedError(
+                    "sliding-window cache layers cannot be re-aligned; use a model without sliding-window attention"
+                )
+        return layers
+
+    def _compact(self) -> None:
+        used_columns = self.valid.any(dim=0)
+        if used_columns.numel() == 0:
+            return
+        holes = bool((self.valid.long().cumsum(dim=1) > 0).logical_and(~self.valid).any())
+        if holes:
+            # Stable sort puts each row's invalid slots first, valid slots after, in order.
+            order = torch.sort(self.valid.long(), dim=1, stable=True).indices
+            self.valid = torch.gather(self.valid, 1, order)
+            for layer in self._layers():
+                index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+                layer.keys = torch.gather(layer.keys, 2, index)
+                index = order[:, None, :, None].expand(-1, layer.values.shape[1], -1, layer.values.shape[-1])
+                layer.values = torch.gather(layer.values, 2, index)
+            used_columns = self.valid.any(dim=0)
+        if not bool(used_columns.any()):
+            self.reset(self.valid.shape[0])
+            return
+        first = int(used_columns.nonzero()[0])
+        last = int(used_columns.nonzero()[-1]) + 1
+        if first > 0 or last < self.valid.shape[1]:
+            for layer in self._layers():
+                layer.keys = layer.keys[:, :, first:last]
+                layer.values = layer.values[:, :, first:last]
+            self.valid = self.valid[:, first:last]

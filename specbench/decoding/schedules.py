@@ -1,0 +1,44 @@
+"""Draft-length schedules, one state per sequence (methods.md §3.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULES = ("constant", "heuristic", "dynamic")
+
+
+@dataclass(frozen=True)
+class DraftSchedule:
+    """``constant``: γ per round. ``heuristic``: γ += 2 after a fully accepted round, else γ = max(1, γ − 1).
+    ``dynamic``: up to ``max_gamma`` drafts, stop after a draft whose drafter probability is below
+    ``confidence_threshold``."""
+
+    name: str = "constant"
+    gamma: int = 5
+    max_gamma: int = 32
+    confidence_threshold: float = 0.4
+
+    def __post_init__(self):
+        if self.name not in SCHEDULES:
+            raise ValueError(f"schedule.name must be one of {list(SCHEDULES)}, got {self.name!r}")
+        if self.gamma < 1:
+            raise ValueError(f"schedule.gamma must be >= 1, got {self.gamma}")
+        if self.max_gamma < self.gamma:
+            raise ValueError(f"schedule.max_gamma ({self.max_gamma}) must be >= schedule.gamma ({self.gamma})")
+        if not 0.0 <= self.confidence_threshold <= 1.0:
+            raise ValueError(f"schedule.confidence_threshold must be in [0, 1], got {self.confidence_threshold}")
+
+    def initial_gamma(self) -> int:
+        return self.max_gamma if self.name == "dynamic" else self.gamma
+
+    def next_gamma(self, current: int, drafted: int, accepted: int) -> int:
+        """Draft budget of the next round for one sequence."""
+        if self.name != "heuristic":
+            return current
+        if drafted > 0 and accepted == drafted:
+            return min(current + 2, self.max_gamma)
+        return max(1, current - 1)
+
+    def stops_early(self, drafted_token_prob: float) -> bool:
+        """Whether drafting stops after a token the drafter gave this probability (dynamic only)."""
+        return self.name == "dynamic" and drafted_token_prob < self.confidence_threshold
