@@ -74,8 +74,9 @@ class CachedModel:
         )
 
     def _final_hidden(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        # transformers returns the last entry after the final norm for Llama/Qwen-style models.
-        return hidden_states[-1]
+        # transformers 5.x returns every layer's output before the final norm; apply it here.
+        norm = getattr(self.model.base_model, "norm", None)
+        return norm(hidden_states[-1]) if norm is not None else hidden_states[-1]
 
     def keep(self, counts: torch.Tensor) -> None:
         """Keep only the first ``counts[b]`` cached tokens of each row; drop the rest from attention."""

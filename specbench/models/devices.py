@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+from typing_extensions import Self
 
 T = TypeVar("T")
 
@@ -39,7 +40,9 @@ def resolve_device(name: str | torch.device) -> torch.device:
                 "use device=cpu or device=auto."
             )
         if index_text and int(index_text) >= torch.cuda.device_count():
-            raise ValueError(f"Device {name!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist.")
+            raise ValueError(
+                f"Device {name!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist."
+            )
         return torch.device(key)
     raise ValueError(f"Unknown device {name!r}: expected one of 'auto', 'cpu', 'cuda', 'cuda:N'.")
 
@@ -72,7 +75,7 @@ class Timer:
         self.start: float | None = None
         self.end: float | None = None
 
-    def __enter__(self) -> Timer:
+    def __enter__(self) -> Self:
         synchronize(self.device)
         self.start = time.perf_counter()
         self.end = None
@@ -91,7 +94,9 @@ class Timer:
         return end - self.start
 
 
-def timed(fn: Callable[..., T], *args: Any, device: str | torch.device = "cpu", **kwargs: Any) -> tuple[T, float]:
+def timed(
+    fn: Callable[..., T], *args: Any, device: str | torch.device = "cpu", **kwargs: Any
+) -> tuple[T, float]:
     """Call ``fn(*args, **kwargs)`` and return ``(result, seconds)`` measured with a synchronised Timer."""
     with Timer(device) as timer:
         result = fn(*args, **kwargs)

@@ -6,10 +6,10 @@ import copy
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 
 
-def _truncated_config(config, num_layers: int):
+def _truncated_config(config: PreTrainedConfig, num_layers: int) -> PreTrainedConfig:
     """Copy ``config`` with ``num_hidden_layers=num_layers`` and per-layer lists sliced to match."""
     depth = config.num_hidden_layers
     new = copy.deepcopy(config)

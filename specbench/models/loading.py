@@ -52,7 +52,9 @@ def _from_pretrained(
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, revision=revision, trust_remote_code=spec.trust_remote_code
     )
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=spec.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(
+        path, revision=revision, trust_remote_code=spec.trust_remote_code
+    )
     return model, tokenizer
 
 
@@ -60,7 +62,9 @@ def _build(spec: ModelSpec, role: str, dtype: torch.dtype) -> tuple[PreTrainedMo
     """Build the model and tokenizer of a hub / local / embedded / tiny_random spec."""
     if spec.kind in ("hub", "local"):
         if not spec.path:
-            raise ValueError(f"model/{role}: kind={spec.kind!r} needs `path` (a hub id or a local directory).")
+            raise ValueError(
+                f"model/{role}: kind={spec.kind!r} needs `path` (a hub id or a local directory)."
+            )
         if spec.kind == "local":
             if not Path(spec.path).expanduser().exists():
                 raise FileNotFoundError(f"model/{role}: local model path {spec.path!r} does not exist.")

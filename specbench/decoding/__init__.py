@@ -1,0 +1,21 @@
+"""Decoding: one engine loop, pure verification rules, draft schedules, the KV-cache adapter."""
+
+from specbench.decoding.engine import GenerationSettings, RoundRecord, SampleResult, SpeculativeEngine
+from specbench.decoding.rules import (
+    CascadeRule,
+    EnsembleRule,
+    LenientRule,
+    TypicalRule,
+    VerificationRule,
+    one_step_distribution,
+    pool_distributions,
+)
+from specbench.decoding.schedules import DraftSchedule
+from specbench.decoding.verification import Verdict, verify_round
+from specbench.decoding.warping import Warping
+
+__all__ = [
+    "CascadeRule", "DraftSchedule", "EnsembleRule", "GenerationSettings", "LenientRule", "RoundRecord",
+    "SampleResult", "SpeculativeEngine", "TypicalRule", "Verdict", "VerificationRule", "Warping",
+    "one_step_distribution", "pool_distributions", "verify_round",
+]
