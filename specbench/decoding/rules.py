@@ -145,7 +145,12 @@ def pool_distributions(p: torch.Tensor, q: torch.Tensor, w, pool: str = "linear"
     log_q = torch.where(q > 0, q.log(), torch.full_like(q, -math.inf))
     term_q = torch.where(w > 0, w * log_q, torch.zeros_like(log_q))
     term_p = torch.where(w < 1, (1.0 - w) * log_p, torch.zeros_like(log_p))
-    return torch.softmax(term_q + term_p, dim=-1)
+    logits = term_q + term_p
+    # Disjoint supports (common under top-k/top-p) leave no finite logit: defer to the verifier.
+    has_support = torch.isfinite(logits).any(dim=-1, keepdim=True)
+    pooled = torch.softmax(torch.where(has_support, logits, torch.zeros_like(logits)), dim=-1)
+    pooled = torch.where(has_support, pooled, p)
+    return torch.where(w == 0, p, pooled)
 
 
 class CascadeRule(VerificationRule):
