@@ -18,3 +18,14 @@ def smollm2():
     from specbench.models import ModelSpec, load_verifier
 
     return load_verifier(ModelSpec(kind="embedded"), device="cpu", dtype="float32")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _single_torch_thread():
+    """One torch thread: tiny-model tests run faster, and a busy 2-core machine cannot stall them."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -1,0 +1,37 @@
+"""Structured configs registered in Hydra's ConfigStore, and validation before any model loads.
+
+Importing this package only registers the schemas; it loads no model and touches no file.
+"""
+
+from specbench.config.schema import (
+    Config,
+    DatasetConfig,
+    EvalConfig,
+    GenConfig,
+    MethodConfig,
+    ModelConfig,
+    RuntimeConfig,
+    ScheduleConfig,
+    TaskConfig,
+)
+from specbench.config.store import register_configs
+from specbench.config.validate import ConfigError, DatasetNotFoundError, RunPlan, validate
+
+register_configs()
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "DatasetConfig",
+    "DatasetNotFoundError",
+    "EvalConfig",
+    "GenConfig",
+    "MethodConfig",
+    "ModelConfig",
+    "RunPlan",
+    "RuntimeConfig",
+    "ScheduleConfig",
+    "TaskConfig",
+    "register_configs",
+    "validate",
+]

@@ -1,0 +1,261 @@
+"""Config composition (every option of every group), schema checks at compose time, and validate()."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+import specbench.config  # noqa: F401  (registers the schemas)
+from specbench.config import ConfigError, DatasetNotFoundError, MethodConfig, validate
+from specbench.decoding.rules import CascadeRule, EnsembleRule, LenientRule, TypicalRule, VerificationRule
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+TINY = ["model/verifier=tiny-random", "model/drafter=tiny-random"]
+GROUPS = ["task", "model/verifier", "model/drafter", "method", "schedule", "dataset"]
+
+
+def make_config(overrides: list[str] = ()):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+ALL_OPTIONS = [(group, option) for group in GROUPS for option in options(group)]
+
+
+def test_expected_options_exist():
+    assert options("model/verifier") == [
+        "llama-3.1-8b-instruct",
+        "qwen3-14b",
+        "qwen3-8b",
+        "smollm2-135m",
+        "tiny-random",
+        "vicuna-13b-v1.3",
+    ]
+    assert options("model/drafter") == [
+        "early-exit",
+        "llama-160m",
+        "llama-3.2-1b-instruct",
+        "none",
+        "qwen3-0.6b",
+        "tiny-random",
+    ]
+    assert options("method") == ["auto", "cascade", "lossy", "sd", "static_ensemble", "typical"]
+    assert options("schedule") == ["constant", "dynamic", "heuristic"]
+    assert options("dataset") == ["demo", "jsonl"]
+    assert options("task") == ["eval"]
+
+
+def test_defaults():
+    cfg = make_config()
+    assert cfg.task._target_ == "specbench.tasks.eval.EvalTask"
+    assert cfg.model.verifier.kind == "embedded"
+    assert (cfg.model.drafter.kind, cfg.model.drafter.num_layers) == ("early_exit", 4)
+    assert cfg.method.name == "sd"
+    assert (cfg.schedule.name, cfg.schedule.gamma) == ("constant", 3)
+    assert cfg.dataset.name == "demo"
+    assert OmegaConf.to_container(cfg.gen) == {
+        "max_new_tokens": 64,
+        "temperature": 0.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "seed": 0,
+        "batch_size": 1,
+    }
+    assert OmegaConf.to_container(cfg.eval) == {"baseline": True, "warmup": True, "output_dir": None}
+    assert OmegaConf.to_container(cfg.runtime) == {"device": "auto", "dtype": "float32", "num_threads": None}
+    assert OmegaConf.get_type(cfg.method) is MethodConfig
+
+
+@pytest.mark.parametrize(("group", "option"), ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
+def test_every_option_composes_and_validates(group, option):
+    overrides = [f"{group}={option}"]
+    if group == "model/drafter" and option == "none":
+        overrides.append("method=auto")
+    if group == "dataset" and option == "jsonl":
+        overrides.append(f"dataset.path={ROOT / 'specbench/data/demo_prompts.jsonl'}")
+    cfg = make_config(overrides)
+    plan = validate(cfg)
+    if group == "model/verifier":
+        assert plan.verifier.kind == cfg.model.verifier.kind
+    if group == "model/drafter" and option != "none":
+        assert plan.drafter.kind == cfg.model.drafter.kind
+
+
+def test_hub_models_carry_real_ids():
+    for option, hub_id in [
+        ("llama-3.1-8b-instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+        ("qwen3-8b", "Qwen/Qwen3-8B"),
+        ("qwen3-14b", "Qwen/Qwen3-14B"),
+        ("vicuna-13b-v1.3", "lmsys/vicuna-13b-v1.3"),
+    ]:
+        node = make_config([f"model/verifier={option}"]).model.verifier
+        assert (node.kind, node.path) == ("hub", hub_id)
+    for option, hub_id in [
+        ("llama-3.2-1b-instruct", "meta-llama/Llama-3.2-1B-Instruct"),
+        ("qwen3-0.6b", "Qwen/Qwen3-0.6B"),
+        ("llama-160m", "JackFram/llama-160m"),
+    ]:
+        node = make_config([f"model/drafter={option}"]).model.drafter
+        assert (node.kind, node.path) == ("hub", hub_id)
+
+
+def test_tiny_pair_uses_different_seeds():
+    cfg = make_config(TINY)
+    assert cfg.model.verifier.kind == cfg.model.drafter.kind == "tiny_random"
+    assert cfg.model.verifier.seed != cfg.model.drafter.seed
+
+
+@pytest.mark.parametrize(
+    ("method", "rule_type", "params"),
+    [
+        ("sd", VerificationRule, {}),
+        ("lossy", LenientRule, {"lenience": 0.5}),
+        ("static_ensemble", EnsembleRule, {"draft_weight": 0.3, "pool": "linear"}),
+        ("cascade", CascadeRule, {"deferral": "chow", "alpha": 0.1}),
+        ("typical", TypicalRule, {"epsilon": 0.09, "delta": 0.3}),
+    ],
+)
+def test_method_options_build_their_rules(method, rule_type, params):
+    plan = validate(make_config([*TINY, f"method={method}"]))
+    assert type(plan.rule) is rule_type
+    assert plan.method == method
+    for key, value in params.items():
+        assert getattr(plan.rule, key) == pytest.approx(value)
+
+
+def test_method_auto_needs_no_drafter():
+    plan = validate(make_config([*TINY, "method=auto", "model/drafter=none"]))
+    assert plan.rule is None and plan.drafter is None and plan.method == "auto"
+    assert validate(make_config([*TINY, "method=auto"])).drafter is None
+
+
+@pytest.mark.parametrize(
+    ("alias", "canonical"),
+    [
+        ("sd_static", "static_ensemble"),
+        ("sd_lossy", "lossy"),
+        ("spe_cas", "cascade"),
+        ("static_en", "static_ensemble"),
+    ],
+)
+def test_diversed_method_aliases(alias, canonical):
+    plan = validate(make_config([*TINY, f"method={canonical}", f"method.name={alias}"]))
+    assert plan.method == canonical
+
+
+def test_schedules_and_overrides():
+    plan = validate(make_config([*TINY, "schedule=dynamic"]))
+    assert (plan.schedule.name, plan.schedule.max_gamma, plan.schedule.confidence_threshold) == (
+        "dynamic",
+        8,
+        0.4,
+    )
+    assert validate(make_config([*TINY, "schedule=heuristic"])).schedule.name == "heuristic"
+    plan = validate(
+        make_config(
+            [
+                *TINY,
+                "schedule.gamma=5",
+                "gen.max_new_tokens=7",
+                "gen.temperature=0.7",
+                "gen.top_p=0.9",
+                "gen.top_k=20",
+                "gen.seed=3",
+                "gen.batch_size=4",
+            ]
+        )
+    )
+    assert plan.schedule.gamma == 5
+    assert (plan.settings.max_new_tokens, plan.settings.temperature, plan.settings.top_p) == (7, 0.7, 0.9)
+    assert (plan.settings.top_k, plan.settings.seed, plan.batch_size) == (20, 3, 4)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "method.lenence=0.5",
+        "gen.max_new_token=3",
+        "model.verifier.kindd=hub",
+        "schedule.gama=2",
+        "eval.basline=false",
+        "schedule.gamma=three",
+        "gen.batch_size=1.5",
+        "eval.baseline=maybe",
+    ],
+)
+def test_typos_and_wrong_types_fail_at_compose_time(override):
+    with pytest.raises(ConfigCompositionException):
+        make_config([override])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["schedule.gamma=0"], "schedule.gamma"),
+        (["schedule.gamma=-2"], "schedule.gamma"),
+        (["schedule=dynamic", "schedule.gamma=10"], "schedule.max_gamma"),
+        (["schedule.confidence_threshold=1.5"], "schedule.confidence_threshold"),
+        (["schedule.name=sometimes"], "schedule.name"),
+        (["method.name=bogus"], "method.name"),
+        (["method=lossy", "method.lenience=1.5"], "method.lenience"),
+        (["method=lossy", "method.lenience=0"], "method.lenience"),
+        (["method=static_ensemble", "method.draft_weight=1.2"], "method.draft_weight"),
+        (["method=static_ensemble", "method.draft_weight=-0.1"], "method.draft_weight"),
+        (["method=static_ensemble", "method.pool=geometric"], "method.pool"),
+        (["method=cascade", "method.deferral=maybe"], "method.deferral"),
+        (["method=typical", "method.epsilon=0"], "method.epsilon"),
+        (["gen.max_new_tokens=0"], "gen.max_new_tokens"),
+        (["gen.temperature=-1"], "gen.temperature"),
+        (["gen.top_p=1.5"], "gen.top_p"),
+        (["gen.top_k=-1"], "gen.top_k"),
+        (["gen.batch_size=0"], "gen.batch_size"),
+        (["runtime.device=tpu"], "runtime.device"),
+        (["runtime.dtype=int3"], "runtime.dtype"),
+        (["runtime.num_threads=0"], "runtime.num_threads"),
+        (["model/drafter=none"], "model.drafter"),
+        (["model.verifier.kind=early_exit"], "model.verifier.kind"),
+        (["model.verifier.kind=zoo"], "model.verifier.kind"),
+        (["model.drafter.kind=zoo"], "model.drafter.kind"),
+        (["model.verifier.kind=hub"], "model.verifier.path"),
+        (["model.drafter.kind=local", "model.drafter.path=/no/such/dir"], "model.drafter.path"),
+        (["model.drafter.kind=early_exit", "model.drafter.num_layers=null"], "model.drafter.num_layers"),
+        (["dataset=jsonl"], "dataset.path"),
+        (["dataset.limit=0"], "dataset.limit"),
+    ],
+)
+def test_bad_values_fail_in_validate_naming_the_key(overrides, key):
+    cfg = make_config([*TINY, *overrides])
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    message = str(info.value)
+    assert key in message
+    assert "\n" not in message
+
+
+def test_allowed_values_are_listed():
+    with pytest.raises(ConfigError, match=r"allowed: \[.*'sd'.*'sd_static'"):
+        validate(make_config([*TINY, "method.name=bogus"]))
+    with pytest.raises(ConfigError, match="method=auto"):
+        validate(make_config([*TINY, "model/drafter=none"]))
+
+
+def test_missing_dataset_file(tmp_path):
+    cfg = make_config([*TINY, "dataset=jsonl", f"dataset.path={tmp_path / 'absent.jsonl'}"])
+    with pytest.raises(DatasetNotFoundError, match="dataset.path") as info:
+        validate(cfg)
+    assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, ValueError)
+    assert "absent.jsonl" in str(info.value)
+
+
+def test_schema_is_registered():
+    assert "specbench_schema.yaml" in ConfigStore.instance().list("/")
