@@ -22,10 +22,11 @@ from pathlib import Path
 
 import torch
 
-from specbench.data.prompts import load_jsonl_prompts
+from specbench.data.prompts import load_jsonl
 from specbench.data.templates import encode_prompt
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine, VerificationRule
 from specbench.decoding.metrics import summarize
+from specbench.evaluation import eos_token_ids, pad_token_id
 from specbench.models import ModelSpec, load_drafter, load_verifier, shared_vocab_size, synchronize
 
 
@@ -40,6 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--verifier", default=None, help="hub id / local path (default: embedded SmolLM2)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is stable on a busy machine)")
     parser.add_argument("--json-out", default=None, help="also write the figures to this JSON file")
     return parser.parse_args(argv)
 
@@ -59,7 +61,7 @@ def load_pair(args):
 
 
 def hf_generate(verifier, drafter, ids, max_new_tokens, eos, pad):
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad)
+    kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False, "eos_token_id": eos, "pad_token_id": pad}
     if drafter is not None:
         kwargs["assistant_model"] = drafter
     out = verifier.generate(torch.tensor([ids], device=verifier.device), **kwargs)
@@ -75,18 +77,20 @@ def configure_hf_assistant(drafter, gamma: int) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     verifier, drafter = load_pair(args)
     vocab = shared_vocab_size(verifier.model, drafter.model, verifier.tokenizer, drafter.tokenizer)
     tokenizer = verifier.tokenizer
-    eos = sorted(_eos_ids(verifier))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    prompts = load_jsonl_prompts(args.questions, limit=args.num_prompts)
+    eos = eos_token_ids(verifier.model, tokenizer)
+    pad = pad_token_id(tokenizer, eos)
+    prompts = load_jsonl(args.questions, limit=args.num_prompts)
     encoded = [encode_prompt(tokenizer, p.text)[0] for p in prompts]
     configure_hf_assistant(drafter.model, args.gamma)
 
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     schedule = DraftSchedule("constant", args.gamma)
-    common = dict(settings=settings, vocab_size=vocab, eos_token_ids=eos, pad_token_id=pad)
+    common = {"settings": settings, "vocab_size": vocab, "eos_token_ids": eos, "pad_token_id": pad}
     ours_sd = SpeculativeEngine(verifier.model, drafter.model, VerificationRule(), schedule, **common)
     ours_ar = SpeculativeEngine(verifier.model, None, None, schedule, **common)
 
@@ -134,6 +138,10 @@ def main(argv=None) -> int:
         "hf_assisted_vs_hf_ar": figures["hf_assisted"]["tokens_per_s"] / figures["hf_ar"]["tokens_per_s"],
         "engine": {k: metrics[k] for k in ("tau", "acceptance_rate", "cost_ratio", "predicted_speedup",
                                            "speedup", "efficiency") if k in metrics},
+        # Share of the engine's wall time spent inside drafter/verifier forwards (the rest is loop overhead
+        # and prefill); at batch 1 the per-round times are not shared between rows.
+        "forward_time_share": sum(r.draft_time + r.verify_time for res in engine_results for r in res.rounds)
+        / sum(times["ours_sd"]),
     }
     _print_report(report)
     if args.json_out:
@@ -144,16 +152,6 @@ def main(argv=None) -> int:
 def _ours(engine: SpeculativeEngine, ids):
     result = engine.generate([ids])[0]
     return result.output_ids, result
-
-
-def _eos_ids(loaded) -> set[int]:
-    ids = set()
-    for source in (loaded.tokenizer.eos_token_id, loaded.model.generation_config.eos_token_id):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(source)
-    return ids
 
 
 def _throughput(tokens: list[int], times: list[float]) -> dict:
@@ -175,7 +173,8 @@ def _print_report(report: dict) -> None:
     print(f"\nours_sd / hf_assisted = {report['ours_sd_vs_hf_assisted']:.2f}x   "
           f"ours_ar / hf_ar = {report['ours_ar_vs_hf_ar']:.2f}x   identical outputs: {report['identical_outputs']}"
           + (f" (mismatch: {report['mismatched']})" if report["mismatched"] else ""))
-    print("engine: " + "  ".join(f"{k}={v:.3f}" for k, v in engine.items()))
+    print("engine: " + "  ".join(f"{k}={v:.3f}" for k, v in engine.items())
+          + f"  forward_time_share={report['forward_time_share']:.3f}")
 
 
 if __name__ == "__main__":

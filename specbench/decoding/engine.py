@@ -134,14 +134,14 @@ class SpeculativeEngine:
     def _models(self) -> list[CachedModel]:
         return [self.verifier] + ([self.drafter] if self.drafter is not None else [])
 
-    def _prefill(self, state: "_BatchState") -> None:
+    def _prefill(self, state: _BatchState) -> None:
         context, context_valid = state.tokens[:, :-1], state.token_valid[:, :-1]
         for model in self._models():
             model.reset(state.size)
             if context.shape[1] > 0:
                 model.forward(context, context_valid)
 
-    def _round(self, state: "_BatchState", results: list[SampleResult]) -> None:
+    def _round(self, state: _BatchState, results: list[SampleResult]) -> None:
         budget = state.remaining() - 1
         caps = torch.clamp(torch.minimum(state.gammas, budget), min=0) if self.drafter else torch.zeros_like(budget)
         t0 = self.clock.now()
@@ -162,7 +162,7 @@ class SpeculativeEngine:
         self._commit(state, results, drafts, draft_lens, verdict.accepted, verdict.next_token, weights,
                      draft_time=t1 - t0, verify_time=t2 - t1, draft_forwards=draft_forwards)
 
-    def _draft(self, state: "_BatchState", caps: torch.Tensor):
+    def _draft(self, state: _BatchState, caps: torch.Tensor):
         batch = state.size
         vocab = self.verifier.vocab_size
         max_len = int(caps.max()) if batch else 0
@@ -251,7 +251,7 @@ class _BatchState:
         self.pad_id = pad_id
 
     @classmethod
-    def create(cls, prompts, gamma, max_new, eos_ids, pad_id, device) -> "_BatchState":
+    def create(cls, prompts, gamma, max_new, eos_ids, pad_id, device) -> _BatchState:
         width = max(len(p) for p in prompts)
         tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
         valid = torch.zeros((len(prompts), width), dtype=torch.bool)
