@@ -19,13 +19,6 @@ ATOL = 1e-5
 VOCAB = 320
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @functools.cache
 def model(arch):

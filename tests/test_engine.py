@@ -38,14 +38,6 @@ PROMPTS = [[65], [72, 101, 108], [1, 2, 3, 4, 5, 6], [200, 17, 99, 3, 45, 250, 1
 PERTURBATION = 0.01
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # Tiny models: one thread is fastest and avoids oversubscription when the machine is shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @functools.cache
 def verifier(arch: str):

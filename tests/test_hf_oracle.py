@@ -23,13 +23,6 @@ MAX_NEW = 24
 PROMPTS = [[72, 101, 108, 108, 111], [200, 17, 99, 3, 45, 250, 11, 8, 77], [65]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @functools.cache
 def pair(arch: str, drafter_kind: str):

@@ -42,14 +42,6 @@ P_VALUE = 1e-3
 MAX_ABS_DEV = 0.015  # ~6 standard deviations of a frequency estimated from 40k samples
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # Tiny tensors: intra-op threads only add overhead (and stall badly when the machine is shared).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 # ---------------------------------------------------------------------------------------------------------
 # Distributions under test: small random p, q, some truncated (zeros) the way top-k truncation makes them.
