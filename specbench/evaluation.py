@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specbench.decoding.engine import GenerationSettings, SampleResult, SpeculativeEngine
+from specbench.decoding.engine import GenerationSettings, RoundRecord, SampleResult, SpeculativeEngine
 from specbench.decoding.metrics import summarize
 from specbench.decoding.rules import VerificationRule
 from specbench.decoding.schedules import DraftSchedule
@@ -195,4 +195,103 @@ def _baseline_metrics(method: RunResult, baseline: RunResult, greedy: bool) -> d
     if greedy:
         same = sum(m.output_ids == b.output_ids for m, b in zip(method.results, baseline.results))
         metrics["baseline_match_rate"] = same / len(method.results)
+    return metrics
+
+
+def shard_indices(count: int, num_shards: int = 1, shard_id: int = 0) -> list[int]:
+    """Positions ``i`` in ``range(count)`` with ``i % num_shards == shard_id``.
+
+    Deterministic, every position in exactly one shard, and strided, so shards of a category-sorted
+    prompt set (Spec-Bench) get a similar mix and similar lengths.
+    """
+    if num_shards < 1 or not 0 <= shard_id < num_shards:
+        raise ValueError(f"need num_shards >= 1 and 0 <= shard_id < num_shards, got {shard_id}/{num_shards}")
+    return list(range(shard_id, count, num_shards))
+
+
+# --- summary metrics from saved samples (samples.jsonl), so a resumed run recomputes them exactly ---
+
+SAVED_FIELDS = ("output_ids", "rounds", "round_stats", "wall_time_s", "batch_rows")
+
+
+def saved_timing(result: SampleResult, batch_rows: int) -> dict:
+    """The per-sample fields :func:`summarize_samples` needs besides ``output_ids`` and ``rounds``.
+
+    ``wall_time_s`` is the decoding wall time of the sample's batch and ``batch_rows`` its size, so
+    Σ wall_time_s / batch_rows over the samples is the run's decoding time; ``round_stats`` holds, per
+    round, what :class:`RoundRecord` has beyond ``[drafted, accepted]``.
+    """
+    stats = {
+        "emitted": [r.emitted for r in result.rounds],
+        "draft_forwards": [r.draft_forwards for r in result.rounds],
+        "draft_time": [r.draft_time for r in result.rounds],
+        "verify_time": [r.verify_time for r in result.rounds],
+    }
+    if any(r.mean_draft_weight is not None for r in result.rounds):
+        stats["draft_weight"] = [r.mean_draft_weight for r in result.rounds]
+    return {"wall_time_s": result.wall_time, "batch_rows": batch_rows, "round_stats": stats}
+
+
+def result_from_row(row: dict) -> SampleResult:
+    """Rebuild the :class:`SampleResult` of a saved sample (prompt ids are not saved)."""
+    missing = [key for key in SAVED_FIELDS if key not in row]
+    if missing:
+        raise ValueError(f"sample {row.get('id')!r} lacks {missing} (written by an older specbench?)")
+    stats = row["round_stats"]
+    weights = stats.get("draft_weight") or [None] * len(row["rounds"])
+    rounds = [
+        RoundRecord(
+            drafted=drafted,
+            accepted=accepted,
+            emitted=emitted,
+            draft_time=draft_time,
+            verify_time=verify_time,
+            draft_forwards=forwards,
+            mean_draft_weight=weight,
+        )
+        for (drafted, accepted), emitted, forwards, draft_time, verify_time, weight in zip(
+            row["rounds"],
+            stats["emitted"],
+            stats["draft_forwards"],
+            stats["draft_time"],
+            stats["verify_time"],
+            weights,
+        )
+    ]
+    return SampleResult(
+        prompt_ids=[],
+        output_ids=list(row["output_ids"]),
+        rounds=rounds,
+        wall_time=row["wall_time_s"],
+        finished_by_eos=bool(row.get("finished_by_eos", False)),
+    )
+
+
+def summarize_samples(rows: Sequence[dict], greedy: bool, autoregressive: bool = False) -> dict:
+    """:func:`compare`'s metrics recomputed from saved samples (those of several runs into one dir).
+
+    The decoding time is Σ ``wall_time_s / batch_rows``; with baseline fields on every row
+    (``baseline_new_tokens``, ``baseline_wall_time_s``) the speedup is against the baseline's
+    tokens/s, for an ``autoregressive`` method against itself (1.0). tokens/s of a resumed run thus
+    mixes the timings of both processes, each sample counted once.
+    """
+    if not rows:
+        raise ValueError("no samples to summarize")
+    results = [result_from_row(row) for row in rows]
+    wall = sum(row["wall_time_s"] / row["batch_rows"] for row in rows)
+    has_baseline = all("baseline_wall_time_s" in row and "baseline_new_tokens" in row for row in rows)
+    reference = None
+    if has_baseline:
+        base_tokens = sum(row["baseline_new_tokens"] for row in rows)
+        base_wall = sum(row["baseline_wall_time_s"] / row["batch_rows"] for row in rows)
+        reference = base_tokens / base_wall if base_wall > 0 else None
+    elif autoregressive:
+        tokens = sum(len(r.output_ids) for r in results)
+        reference = tokens / wall if wall > 0 else None
+    metrics = summarize(results, wall, baseline_tokens_per_s=reference)
+    if has_baseline:
+        metrics["baseline_new_tokens"] = base_tokens
+        metrics["baseline_wall_time_s"] = base_wall
+        if greedy and all("matches_baseline" in row for row in rows):
+            metrics["baseline_match_rate"] = sum(bool(row["matches_baseline"]) for row in rows) / len(rows)
     return metrics

@@ -29,3 +29,39 @@ def _single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _mlflow_store_for_tests(tmp_path_factory):
+    """MLflow runs made by tests (launch.py subprocesses too) go to a throwaway SQLite file, never to
+    the project's mlruns/ or a server named by the developer's MLFLOW_TRACKING_URI."""
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + str(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
+    yield
+    if previous is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = previous
+
+
+@pytest.fixture(scope="session")
+def _mlflow_template(tmp_path_factory):
+    """An empty, migrated MLflow SQLite database (creating one takes ~5 s; copying it, milliseconds)."""
+    from specbench.tracking import store
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    store.client("sqlite:///" + str(path))
+    return path
+
+
+@pytest.fixture
+def mlflow_uri(_mlflow_template, tmp_path, monkeypatch):
+    """A fresh MLflow SQLite store for one test, also exported as MLFLOW_TRACKING_URI."""
+    import shutil
+
+    path = tmp_path / "mlruns" / "mlflow.db"
+    path.parent.mkdir()
+    shutil.copy(_mlflow_template, path)
+    uri = "sqlite:///" + str(path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri

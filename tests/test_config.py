@@ -2,33 +2,33 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
+from helpers import ROOT, compose_config
 from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import specbench.config  # noqa: F401  (registers the schemas)
-from specbench.config import ConfigError, DatasetNotFoundError, MethodConfig, validate
+from specbench.config import ConfigError, DatasetNotFoundError, MethodConfig, SteeringConfig, validate
 from specbench.decoding.rules import CascadeRule, EnsembleRule, LenientRule, TypicalRule, VerificationRule
 
-ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 TINY = ["model/verifier=tiny-random", "model/drafter=tiny-random"]
-GROUPS = ["task", "model/verifier", "model/drafter", "method", "schedule", "dataset"]
-
-
-def make_config(overrides: list[str] = ()):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+GROUPS = ["task", "model/verifier", "model/drafter", "method", "steering", "schedule", "dataset"]
+# Options that compose but whose implementation lands with a later issue: validate says so, naming it.
+PLANNED = {
+    ("method", "diversed"): "issue 6",
+    ("method", "sd2"): "issue 5",
+    ("method", "distill"): "issue 5",
+    ("steering", "sd2"): "issue 5",
+}
 
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
+HUB_DATASETS = ("alpaca", "cnndm", "gsm8k", "mbpp", "ultrachat", "wmt", "xsum")
 ALL_OPTIONS = [(group, option) for group in GROUPS for option in options(group)]
 
 
@@ -49,14 +49,28 @@ def test_expected_options_exist():
         "qwen3-0.6b",
         "tiny-random",
     ]
-    assert options("method") == ["auto", "cascade", "lossy", "sd", "static_ensemble", "typical"]
+    assert options("method") == [
+        "auto",
+        "cascade",
+        "distill",
+        "diversed",
+        "lossy",
+        "sd",
+        "sd2",
+        "static_ensemble",
+        "typical",
+    ]
+    assert options("steering") == ["none", "sd2"]
     assert options("schedule") == ["constant", "dynamic", "heuristic"]
-    assert options("dataset") == ["demo", "jsonl"]
-    assert options("task") == ["eval"]
+    assert options("dataset") == [
+        "alpaca", "cnndm", "demo", "gsm8k", "humaneval", "jsonl", "mbpp", "mt_bench", "parquet", "spec_bench",
+        "ultrachat", "wmt", "xsum",
+    ]  # fmt: skip
+    assert options("task") == ["eval", "report"]
 
 
 def test_defaults():
-    cfg = make_config()
+    cfg = compose_config()
     assert cfg.task._target_ == "specbench.tasks.eval.EvalTask"
     assert cfg.model.verifier.kind == "embedded"
     assert (cfg.model.drafter.kind, cfg.model.drafter.num_layers) == ("early_exit", 4)
@@ -71,7 +85,21 @@ def test_defaults():
         "seed": 0,
         "batch_size": 1,
     }
-    assert OmegaConf.to_container(cfg.eval) == {"baseline": True, "warmup": True, "output_dir": None}
+    assert OmegaConf.to_container(cfg.eval) == {
+        "baseline": True,
+        "warmup": True,
+        "output_dir": None,
+        "num_shards": 1,
+        "shard_id": 0,
+        "resume": True,
+    }
+    assert OmegaConf.to_container(cfg.tracking) == {
+        "enabled": True,
+        "uri": None,
+        "experiment": None,
+        "run_name": None,
+        "tags": {},
+    }
     assert OmegaConf.to_container(cfg.runtime) == {"device": "auto", "dtype": "float32", "num_threads": None}
     assert OmegaConf.get_type(cfg.method) is MethodConfig
 
@@ -81,9 +109,17 @@ def test_every_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
     if group == "model/drafter" and option == "none":
         overrides.append("method=auto")
-    if group == "dataset" and option == "jsonl":
+    if group == "dataset" and option in ("jsonl", "parquet"):
         overrides.append(f"dataset.path={ROOT / 'specbench/data/demo_prompts.jsonl'}")
-    cfg = make_config(overrides)
+    cfg = compose_config(overrides)
+    if group == "dataset" and option in HUB_DATASETS:  # offline here; tests/test_datasets.py uses local copies
+        with pytest.raises(DatasetNotFoundError, match="dataset.path="):
+            validate(cfg)
+        return
+    if (group, option) in PLANNED:
+        with pytest.raises(ConfigError, match=rf"not implemented yet .*{PLANNED[group, option]}"):
+            validate(cfg)
+        return
     plan = validate(cfg)
     if group == "model/verifier":
         assert plan.verifier.kind == cfg.model.verifier.kind
@@ -98,19 +134,19 @@ def test_hub_models_carry_real_ids():
         ("qwen3-14b", "Qwen/Qwen3-14B"),
         ("vicuna-13b-v1.3", "lmsys/vicuna-13b-v1.3"),
     ]:
-        node = make_config([f"model/verifier={option}"]).model.verifier
+        node = compose_config([f"model/verifier={option}"]).model.verifier
         assert (node.kind, node.path) == ("hub", hub_id)
     for option, hub_id in [
         ("llama-3.2-1b-instruct", "meta-llama/Llama-3.2-1B-Instruct"),
         ("qwen3-0.6b", "Qwen/Qwen3-0.6B"),
         ("llama-160m", "JackFram/llama-160m"),
     ]:
-        node = make_config([f"model/drafter={option}"]).model.drafter
+        node = compose_config([f"model/drafter={option}"]).model.drafter
         assert (node.kind, node.path) == ("hub", hub_id)
 
 
 def test_tiny_pair_uses_different_seeds():
-    cfg = make_config(TINY)
+    cfg = compose_config(TINY)
     assert cfg.model.verifier.kind == cfg.model.drafter.kind == "tiny_random"
     assert cfg.model.verifier.seed != cfg.model.drafter.seed
 
@@ -126,7 +162,7 @@ def test_tiny_pair_uses_different_seeds():
     ],
 )
 def test_method_options_build_their_rules(method, rule_type, params):
-    plan = validate(make_config([*TINY, f"method={method}"]))
+    plan = validate(compose_config([*TINY, f"method={method}"]))
     assert type(plan.rule) is rule_type
     assert plan.method == method
     for key, value in params.items():
@@ -134,9 +170,9 @@ def test_method_options_build_their_rules(method, rule_type, params):
 
 
 def test_method_auto_needs_no_drafter():
-    plan = validate(make_config([*TINY, "method=auto", "model/drafter=none"]))
+    plan = validate(compose_config([*TINY, "method=auto", "model/drafter=none"]))
     assert plan.rule is None and plan.drafter is None and plan.method == "auto"
-    assert validate(make_config([*TINY, "method=auto"])).drafter is None
+    assert validate(compose_config([*TINY, "method=auto"])).drafter is None
 
 
 @pytest.mark.parametrize(
@@ -149,20 +185,116 @@ def test_method_auto_needs_no_drafter():
     ],
 )
 def test_diversed_method_aliases(alias, canonical):
-    plan = validate(make_config([*TINY, f"method={canonical}", f"method.name={alias}"]))
+    plan = validate(compose_config([*TINY, f"method={canonical}", f"method.name={alias}"]))
     assert plan.method == canonical
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key", "issue"),
+    [
+        (["method=diversed"], "method.name='diversed'", "issue 6"),
+        (["method.name=sd_en"], "method.name='sd_en' (alias of 'diversed')", "issue 6"),
+        (["method=diversed", "method.name=sd_en"], "method.name='sd_en' (alias of 'diversed')", "issue 6"),
+        (["method=sd2", "steering=sd2"], "method.name='sd2'", "issue 5"),
+        (["method=distill"], "method.name='distill'", "issue 5"),
+        (["steering=sd2"], "steering.name='sd2'", "issue 5"),
+    ],
+)
+def test_planned_methods_fail_cleanly_in_validate(overrides, key, issue):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_config([*TINY, *overrides]))
+    message = str(info.value)
+    assert message.startswith(key)
+    assert f"not implemented yet in this version of specbench (it lands with {issue})" in message
+    assert "\n" not in message
+
+
+def test_planned_method_fails_before_the_eval_task_loads_or_writes(tmp_path):
+    from specbench.tasks.eval import EvalTask
+
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="issue 6"):
+        EvalTask(compose_config([*TINY, "method.name=sd_en", f"eval.output_dir={out}"])).run()
+    assert not out.exists()
+
+
+def test_steering_and_planned_method_fields():
+    cfg = compose_config(["steering=sd2", "method=diversed"])
+    assert OmegaConf.get_type(cfg.steering) is SteeringConfig
+    assert OmegaConf.to_container(cfg.steering) == {
+        "name": "sd2",
+        "v_layers": [3, 16, 29],
+        "guide_method": "merged",
+        "d_layers": "all",
+        "rank": None,
+        "finetune_drafter": "full",
+        "checkpoint": None,
+    }
+    assert (cfg.method.pool, cfg.method.head_checkpoint) == ("linear", None)
+    assert compose_config().steering.name == "none"
+    cfg = compose_config(
+        ["steering=sd2", "steering.d_layers=[0,2]", "steering.rank=64", "steering.guide_method=simple"]
+    )
+    assert (list(cfg.steering.d_layers), cfg.steering.rank, cfg.steering.guide_method) == (
+        [0, 2],
+        64,
+        "simple",
+    )
+    assert compose_config(["method=distill"]).method.drafter_checkpoint is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["steering.name=magic"], "steering.name"),
+        (["steering=sd2", "steering.v_layers=[3,16]"], "steering.v_layers"),
+        (["steering=sd2", "steering.v_layers=[16,3,29]"], "steering.v_layers"),
+        (["steering=sd2", "steering.v_layers=[-1,3,29]"], "steering.v_layers"),
+        (["steering=sd2", "steering.guide_method=fused"], "steering.guide_method"),
+        (["steering=sd2", "steering.d_layers=some"], "steering.d_layers"),
+        (["steering=sd2", "steering.d_layers=[0,0]"], "steering.d_layers"),
+        (["steering=sd2", "steering.d_layers=[]"], "steering.d_layers"),
+        (["steering=sd2", "steering.rank=0"], "steering.rank"),
+        (["steering=sd2", "steering.finetune_drafter=half"], "steering.finetune_drafter"),
+        (["steering=sd2", "steering.checkpoint=/no/such/steering.pt"], "steering.checkpoint"),
+        (["method=diversed", "method.pool=geometric"], "method.pool"),
+        (["method=diversed", "method.head_checkpoint=/no/such/head.pt"], "method.head_checkpoint"),
+        (["method=distill", "method.drafter_checkpoint=/no/such/dir"], "method.drafter_checkpoint"),
+    ],
+)
+def test_bad_steering_and_planned_values_name_the_key(overrides, key):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_config([*TINY, *overrides]))
+    message = str(info.value)
+    assert message.startswith(key) and "not implemented" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["steering.v_layer=[1,2,3]", "steering.rank=big", "method.head_checkpont=x", "task.sweepdir=x"],
+)
+def test_typos_in_new_groups_fail_at_compose_time(override):
+    with pytest.raises(ConfigCompositionException):
+        compose_config(["task=report", override])
+
+
+def test_report_task_config():
+    cfg = compose_config(["task=report", "task.sweep_dir=/tmp/x", "task.tags={specbench.method:sd,team:a}"])
+    assert cfg.task._target_ == "specbench.tasks.report.ReportTask"
+    assert (cfg.task.sweep_dir, cfg.task.experiment, cfg.task.max_runs) == ("/tmp/x", "specbench-eval", 1000)
+    assert OmegaConf.to_container(cfg.task.tags) == {"specbench.method": "sd", "team": "a"}
+
+
 def test_schedules_and_overrides():
-    plan = validate(make_config([*TINY, "schedule=dynamic"]))
+    plan = validate(compose_config([*TINY, "schedule=dynamic"]))
     assert (plan.schedule.name, plan.schedule.max_gamma, plan.schedule.confidence_threshold) == (
         "dynamic",
         8,
         0.4,
     )
-    assert validate(make_config([*TINY, "schedule=heuristic"])).schedule.name == "heuristic"
+    assert validate(compose_config([*TINY, "schedule=heuristic"])).schedule.name == "heuristic"
     plan = validate(
-        make_config(
+        compose_config(
             [
                 *TINY,
                 "schedule.gamma=5",
@@ -195,7 +327,7 @@ def test_schedules_and_overrides():
 )
 def test_typos_and_wrong_types_fail_at_compose_time(override):
     with pytest.raises(ConfigCompositionException):
-        make_config([override])
+        compose_config([override])
 
 
 @pytest.mark.parametrize(
@@ -234,7 +366,7 @@ def test_typos_and_wrong_types_fail_at_compose_time(override):
     ],
 )
 def test_bad_values_fail_in_validate_naming_the_key(overrides, key):
-    cfg = make_config([*TINY, *overrides])
+    cfg = compose_config([*TINY, *overrides])
     with pytest.raises(ConfigError) as info:
         validate(cfg)
     message = str(info.value)
@@ -244,13 +376,13 @@ def test_bad_values_fail_in_validate_naming_the_key(overrides, key):
 
 def test_allowed_values_are_listed():
     with pytest.raises(ConfigError, match=r"allowed: \[.*'sd'.*'sd_static'"):
-        validate(make_config([*TINY, "method.name=bogus"]))
+        validate(compose_config([*TINY, "method.name=bogus"]))
     with pytest.raises(ConfigError, match="method=auto"):
-        validate(make_config([*TINY, "model/drafter=none"]))
+        validate(compose_config([*TINY, "model/drafter=none"]))
 
 
 def test_missing_dataset_file(tmp_path):
-    cfg = make_config([*TINY, "dataset=jsonl", f"dataset.path={tmp_path / 'absent.jsonl'}"])
+    cfg = compose_config([*TINY, "dataset=jsonl", f"dataset.path={tmp_path / 'absent.jsonl'}"])
     with pytest.raises(DatasetNotFoundError, match="dataset.path") as info:
         validate(cfg)
     assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, ValueError)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from helpers import compose_config, launch
 from omegaconf import OmegaConf
 
 import specbench.config  # noqa: F401  (registers the schemas)
@@ -20,7 +17,6 @@ from specbench.evaluation import build_engines, compare, eos_token_ids, evaluate
 from specbench.models import ModelSpec, load_drafter, load_verifier
 from specbench.tasks.eval import EvalTask, SampleWriter, format_table
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model/verifier=tiny-random", "model/drafter=tiny-random", "gen.max_new_tokens=8", "dataset.limit=3"]
 REQUIRED_METRICS = {
     "tau",
@@ -39,14 +35,9 @@ REQUIRED_METRICS = {
 SAMPLE_KEYS = {"id", "prompt", "output_ids", "output_text", "rounds", "tokens_per_s"}
 
 
-def make_config(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
-
 def run_task(tmp_path: Path, overrides: list[str]) -> tuple[dict, list[dict], Path]:
     out = tmp_path / "out"
-    metrics = EvalTask(make_config([*TINY, f"eval.output_dir={out}", *overrides])).run()
+    metrics = EvalTask(compose_config([*TINY, f"eval.output_dir={out}", *overrides])).run()
     written = json.loads((out / "metrics.json").read_text())
     assert written == pytest.approx(metrics)
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
@@ -139,7 +130,7 @@ def test_eval_task_on_a_jsonl_file(tmp_path):
 def test_bad_config_fails_before_anything_is_loaded_or_written(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(ConfigError, match="schedule.gamma"):
-        EvalTask(make_config([*TINY, f"eval.output_dir={out}", "schedule.gamma=0"])).run()
+        EvalTask(compose_config([*TINY, f"eval.output_dir={out}", "schedule.gamma=0"])).run()
     assert not out.exists()
 
 
@@ -148,14 +139,14 @@ def test_corrupt_dataset_fails_before_models_load(tmp_path):
     path.write_text('{"prompt": "fine"}\n{"prompt": \n')
     with pytest.raises(ConfigError, match=r"dataset.path: .*bad.jsonl:2"):
         EvalTask(
-            make_config([*TINY, "dataset=jsonl", f"dataset.path={path}", f"eval.output_dir={tmp_path}"])
+            compose_config([*TINY, "dataset=jsonl", f"dataset.path={path}", f"eval.output_dir={tmp_path}"])
         ).run()
     assert not (tmp_path / "samples.jsonl").exists()
 
 
 def test_output_dir_is_required_outside_hydra():
     with pytest.raises(ConfigError, match="eval.output_dir"):
-        EvalTask(make_config(TINY)).run()
+        EvalTask(compose_config(TINY)).run()
 
 
 @pytest.fixture(scope="module")
@@ -232,23 +223,9 @@ def test_format_table_rows():
     assert lines[3].split() == ["autoregressive", "1.00", "-", "20.0", "1.00x"]
 
 
-def _launch(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPECBENCH_CACHE": str(tmp_path / "cache")}
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *args],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 def test_launch_subprocess_runs_the_tiny_pair(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _launch(
+    proc = launch(
         [
             "model/verifier=tiny-random",
             "model/drafter=tiny-random",
@@ -256,7 +233,7 @@ def test_launch_subprocess_runs_the_tiny_pair(tmp_path):
             "dataset.limit=2",
             f"hydra.run.dir={run_dir}",
         ],
-        tmp_path,
+        cache_dir=tmp_path / "cache",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "autoregressive" in proc.stdout
@@ -268,14 +245,14 @@ def test_launch_subprocess_runs_the_tiny_pair(tmp_path):
 
 
 def test_launch_subprocess_bad_override(tmp_path):
-    proc = _launch(
+    proc = launch(
         [
             "model/verifier=tiny-random",
             "model/drafter=tiny-random",
             "schedule.gamma=0",
             f"hydra.run.dir={tmp_path / 'run'}",
         ],
-        tmp_path,
+        cache_dir=tmp_path / "cache",
     )
     assert proc.returncode != 0
     assert "schedule.gamma" in proc.stderr
@@ -286,22 +263,7 @@ def test_launch_subprocess_bad_override(tmp_path):
 @pytest.mark.slow
 def test_launch_default_embedded_pair(tmp_path):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "launch.py"),
-            "gen.max_new_tokens=16",
-            "dataset.limit=2",
-            f"hydra.run.dir={run_dir}",
-        ],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    proc = launch(["gen.max_new_tokens=16", "dataset.limit=2", f"hydra.run.dir={run_dir}"], timeout=1800)
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["verifier"] == "HuggingFaceTB/SmolLM2-135M-Instruct"

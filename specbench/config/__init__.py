@@ -10,8 +10,10 @@ from specbench.config.schema import (
     GenConfig,
     MethodConfig,
     ModelConfig,
+    ReportTaskConfig,
     RuntimeConfig,
     ScheduleConfig,
+    SteeringConfig,
     TaskConfig,
 )
 from specbench.config.store import register_configs
@@ -28,9 +30,11 @@ __all__ = [
     "GenConfig",
     "MethodConfig",
     "ModelConfig",
+    "ReportTaskConfig",
     "RunPlan",
     "RuntimeConfig",
     "ScheduleConfig",
+    "SteeringConfig",
     "TaskConfig",
     "register_configs",
     "validate",

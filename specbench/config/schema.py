@@ -16,6 +16,24 @@ class TaskConfig:
 
 
 @dataclass
+class ReportTaskConfig(TaskConfig):
+    """``task=report``: which runs to compare and where the table and plots go.
+
+    Runs come from a Hydra sweep dir (files only, no MLflow) when ``sweep_dir`` is set, else from
+    MLflow: ``experiment``, narrowed by ``parent_run_id``, ``tags`` (equalities) and ``filter``.
+    Under ``launch.py`` the report files are also logged as artifacts of the report's own MLflow run.
+    """
+
+    sweep_dir: str | None = None
+    experiment: str = "specbench-eval"
+    parent_run_id: str | None = None
+    tags: Any = None  # {specbench.method: sd, ...} (or ["key=value", ...]): every tag must match
+    filter: str | None = None  # extra MLflow filter string, ANDed with the above
+    max_runs: int = 1000
+    output_dir: str | None = None  # None: the Hydra run dir
+
+
+@dataclass
 class ModelConfig:
     """Mirrors :class:`specbench.models.ModelSpec` (kinds hub, local, embedded, tiny_random, early_exit, none)."""
 
@@ -49,6 +67,21 @@ class MethodConfig:
     alpha: float = 0.0  # cascade
     epsilon: float = 0.09  # typical
     delta: float = 0.3  # typical
+    head_checkpoint: str | None = None  # diversed: the trained weight head (issue 6)
+    drafter_checkpoint: str | None = None  # distill: the distilled drafter (issue 5)
+
+
+@dataclass
+class SteeringConfig:
+    """Drafter steering (methods.md §4): ``none``, or ``sd2`` (verifier features steer the drafter's MLPs)."""
+
+    name: str = "none"
+    v_layers: list[int] = field(default_factory=lambda: [3, 16, 29])  # verifier layers low, mid, high
+    guide_method: str = "merged"  # merged (delta on up-projection) | simple (delta on the residual)
+    d_layers: Any = "all"  # "all" or a list of drafter layer indices to steer
+    rank: int | None = None  # None: full W_s; r: low-rank H_V -> r -> L_D * out_size
+    finetune_drafter: str = "full"  # full | none | lora
+    checkpoint: str | None = None  # trained fusion + W_s (+ drafter) weights
 
 
 @dataclass
@@ -73,13 +106,35 @@ class GenConfig:
 
 @dataclass
 class DatasetConfig:
-    """Prompt set: ``demo`` (bundled) or ``jsonl`` (rows with ``prompt`` or ``turns``)."""
+    """Prompt set and its quality metric (specbench/data/datasets.py; conf/dataset/*.yaml).
+
+    ``None`` values take the dataset's own (HF id, config, split, reference field, metric, few-shot).
+    """
 
     name: str = MISSING
-    path: str | None = None
+    path: str | None = None  # a local file in the hub schema instead of the hub (required: jsonl, parquet)
     limit: int | None = None
     seed: int | None = None  # None: first ``limit`` rows; an int: a seeded random subset
     prompt_field: str | None = None  # None: ``prompt``, else the first of ``turns``
+    hf_id: str | None = None
+    hf_config: str | None = None
+    split: str | None = None
+    prompt_format: str = "auto"  # auto (chat template, else the base prompt) | chat | plain | fewshot
+    num_fewshot: int | None = None  # gsm8k 8, mbpp 3
+    reference_field: str | None = None
+    metric: str | None = None  # none | rouge | bleu | exact_match | pass@1 | spec_bench
+    categories: list[str] | None = None  # spec_bench / mt_bench: keep only these categories
+
+
+@dataclass
+class ScoringConfig:
+    """Quality scoring after decoding; code (pass@1) runs in specbench/scoring/sandbox.py."""
+
+    enabled: bool = True
+    timeout_s: float = 10.0  # per program, wall clock
+    memory_mb: int = 1024  # RLIMIT_AS per program
+    workers: int = 1  # programs run in parallel
+    isolation: str = "auto"  # auto | namespaces (root: kernel-enforced) | preamble (fallback guard)
 
 
 @dataclass
@@ -87,6 +142,20 @@ class EvalConfig:
     baseline: bool = True  # also run autoregressive decoding of the verifier, for the speedup
     warmup: bool = True
     output_dir: str | None = None  # None: the Hydra run dir
+    num_shards: int = 1  # data-parallel evaluation: split the prompts into this many shards ...
+    shard_id: int = 0  # ... and decode shard shard_id (0 <= shard_id < num_shards)
+    resume: bool = True  # a rerun into an output dir with samples.jsonl decodes only the missing prompts
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow tracking (specbench/tracking): one run per task, a parent run per multirun."""
+
+    enabled: bool = True
+    uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<project root>/mlruns/mlflow.db
+    experiment: str | None = None  # None: specbench-<task kind> (specbench-eval, ...)
+    run_name: str | None = None  # None: "<method> <overrides>"
+    tags: dict[str, str] = field(default_factory=dict)  # extra tags on every run
 
 
 @dataclass
@@ -103,8 +172,11 @@ class Config:
     task: Any = MISSING
     model: ModelPairConfig = field(default_factory=ModelPairConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
+    steering: SteeringConfig = field(default_factory=SteeringConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    scoring: ScoringConfig = field(default_factory=ScoringConfig)
     gen: GenConfig = field(default_factory=GenConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
 
-from specbench.config.schema import Config, TaskConfig
+from specbench.config.schema import Config, ReportTaskConfig, TaskConfig
 
 SCHEMA_NAME = "specbench_schema"
 
@@ -17,3 +17,4 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=Config)
     store.store(group="schema/task", name="eval", node=TaskConfig)
+    store.store(group="schema/task", name="report", node=ReportTaskConfig)

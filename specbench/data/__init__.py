@@ -1,5 +1,20 @@
-"""Prompt datasets and prompt templates."""
+"""Prompt datasets (the ``dataset`` config group), prompt templates and few-shot exemplars."""
 
+from specbench.data.datasets import (
+    DATASET_NAMES,
+    FORMATS,
+    SPECS,
+    DatasetPrompt,
+    DatasetSettings,
+    DatasetSpec,
+    DatasetUnavailableError,
+    check_source,
+    dataset_settings,
+    encode_messages,
+    encode_sample,
+    load_dataset_prompts,
+    question_file,
+)
 from specbench.data.prompts import (
     DATASETS,
     Prompt,
@@ -14,14 +29,27 @@ from specbench.data.templates import PROMPT_FORMATS, encode_prompt, has_chat_tem
 
 __all__ = [
     "DATASETS",
+    "DATASET_NAMES",
+    "FORMATS",
     "PROMPT_FORMATS",
+    "SPECS",
+    "DatasetPrompt",
+    "DatasetSettings",
+    "DatasetSpec",
+    "DatasetUnavailableError",
     "Prompt",
+    "check_source",
+    "dataset_settings",
     "demo_path",
+    "encode_messages",
     "encode_prompt",
+    "encode_sample",
     "has_chat_template",
+    "load_dataset_prompts",
     "load_demo",
     "load_jsonl",
     "load_prompts",
+    "question_file",
     "read_jsonl",
     "subset",
 ]

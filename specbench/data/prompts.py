@@ -116,7 +116,8 @@ def load_prompts(
     seed: int | None = None,
     prompt_field: str | None = None,
 ) -> list[Prompt]:
-    """Prompts of the ``dataset`` config group (``demo`` or ``jsonl``)."""
+    """Prompts of the bundled demo set or a jsonl file (every ``dataset`` option:
+    :func:`specbench.data.datasets.load_dataset_prompts`)."""
     if name == "demo":
         return load_demo(limit, seed)
     if name == "jsonl":

@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
+from pathlib import Path
 from typing import IO, Any
 
 import torch
 from omegaconf import OmegaConf
 
 from specbench.config.validate import ConfigError, RunPlan, validate
-from specbench.data.prompts import Prompt, load_prompts
-from specbench.data.templates import encode_prompt
+from specbench.data.datasets import (
+    DatasetUnavailableError,
+    dataset_settings,
+    encode_sample,
+    load_dataset_prompts,
+)
+from specbench.data.prompts import Prompt
 from specbench.decoding.engine import SampleResult
-from specbench.evaluation import build_engines, compare
+from specbench.evaluation import build_engines, compare, saved_timing, shard_indices, summarize_samples
 from specbench.models.loading import LoadedModel, load_drafter, load_verifier
 from specbench.models.pair import PairMismatchError
+from specbench.scoring import ScoringOptions, score_run
 from specbench.tasks.base import Task, output_dir
+from specbench.tracking.run import flatten, may_change_on_rerun
 
 METRICS_FILE = "metrics.json"
 SAMPLES_FILE = "samples.jsonl"
@@ -24,12 +33,25 @@ CONFIG_FILE = "config.yaml"
 
 
 class SampleWriter:
-    """Appends one JSON line per sample to ``samples.jsonl`` and flushes after every batch."""
+    """Appends one JSON line per sample to ``samples.jsonl`` and flushes after every batch.
 
-    def __init__(self, handle: IO[str], prompts: list[Prompt], tokenizer: Any) -> None:
+    ``dataset_indices[i]`` is the position of ``prompts[i]`` in the whole prompt set (saved as ``index``;
+    default: ``i``). Rows carry what :func:`specbench.evaluation.summarize_samples` needs to recompute
+    the summary, and are kept in ``rows``.
+    """
+
+    def __init__(
+        self,
+        handle: IO[str],
+        prompts: list[Prompt],
+        tokenizer: Any,
+        dataset_indices: list[int] | None = None,
+    ) -> None:
         self.handle = handle
         self.prompts = prompts
         self.tokenizer = tokenizer
+        self.dataset_indices = dataset_indices
+        self.rows: list[dict] = []
 
     def __call__(
         self, indices: list[int], results: list[SampleResult], baseline: list[SampleResult] | None
@@ -38,6 +60,7 @@ class SampleWriter:
             prompt = self.prompts[index]
             row = {
                 "id": prompt.id,
+                "index": self.dataset_indices[index] if self.dataset_indices is not None else index,
                 "category": prompt.category,
                 "prompt": prompt.text,
                 "output_ids": result.output_ids,
@@ -51,18 +74,44 @@ class SampleWriter:
             if baseline is not None:
                 row["baseline_tokens_per_s"] = baseline[position].tokens_per_s
                 row["matches_baseline"] = baseline[position].output_ids == result.output_ids
+                row["baseline_new_tokens"] = len(baseline[position].output_ids)
+                row["baseline_wall_time_s"] = baseline[position].wall_time
+            row.update(saved_timing(result, batch_rows=len(indices)))
             self.handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            self.rows.append(row)
         self.handle.flush()
 
 
 class EvalTask(Task):
-    """validate → prompts → models → pair check → encode → run (+ baseline) → table, metrics.json, samples.jsonl."""
+    """validate → prompts (this shard) → resume → models → pair check → encode → run (+ baseline)
+    → table, metrics.json, samples.jsonl (and the MLflow run's tags, metrics, artifacts)."""
+
+    def check(self) -> None:
+        validate(self.cfg)
+
+    def run_dir(self) -> Path | None:
+        configured = self.cfg.eval.output_dir
+        return Path(configured).expanduser() if configured else super().run_dir()
 
     def run(self) -> dict:
         cfg = self.cfg
         plan = validate(cfg)
-        out = output_dir(cfg.eval.output_dir, "eval.output_dir")
         prompts = self._load_prompts()
+        selected = shard_indices(len(prompts), cfg.eval.num_shards, cfg.eval.shard_id)
+        if not selected:
+            raise ConfigError(
+                f"eval.shard_id={cfg.eval.shard_id} of eval.num_shards={cfg.eval.num_shards} selects no "
+                f"prompt: the dataset has {len(prompts)}"
+            )
+        out = output_dir(cfg.eval.output_dir, "eval.output_dir")
+        done = self._resume(out, prompts, selected)
+        key = sample_key_function(prompts)
+        finished = {key(row) for row in done}
+        todo = [i for i in selected if key({"id": prompts[i].id, "index": i}) not in finished]
+        if done:
+            print(
+                f"resuming {out / SAMPLES_FILE}: {len(done)} of {len(selected)} samples done, {len(todo)} to decode"
+            )
         if cfg.runtime.num_threads is not None:
             torch.set_num_threads(cfg.runtime.num_threads)
         started = time.perf_counter()
@@ -74,30 +123,98 @@ class EvalTask(Task):
             )
         except PairMismatchError as err:
             raise ConfigError(f"model.drafter does not fit model.verifier: {err}") from err
-        encoded = [encode_prompt(verifier.tokenizer, prompt.text) for prompt in prompts]
-        formats = sorted({fmt for _, fmt in encoded})
+        self.tracker.set_tags(
+            {
+                "specbench.method": plan.method,
+                "specbench.verifier": verifier.name,
+                "specbench.drafter": drafter.name if drafter else "none",
+                "specbench.shard": f"{cfg.eval.shard_id}/{cfg.eval.num_shards}",
+            }
+        )
+        prompt_format = cfg.dataset.prompt_format
+        encoded = {i: encode_sample(verifier.tokenizer, prompts[i], prompt_format) for i in selected}
+        formats = sorted({fmt for _, fmt in encoded.values()})
         OmegaConf.save(cfg, out / CONFIG_FILE, resolve=True)
-        with open(out / SAMPLES_FILE, "w", encoding="utf-8") as handle:
-            comparison = compare(
-                engine,
-                [ids for ids, _ in encoded],
-                baseline,
-                batch_size=plan.batch_size,
-                warmup=cfg.eval.warmup,
-                on_batch=SampleWriter(handle, prompts, verifier.tokenizer),
-            )
-        metrics = {**comparison.metrics, **self._describe(plan, verifier, drafter, formats, load_s)}
+        writer_rows: list[dict] = []
+        if todo:
+            with open(out / SAMPLES_FILE, "a" if done else "w", encoding="utf-8") as handle:
+                writer = SampleWriter(handle, [prompts[i] for i in todo], verifier.tokenizer, todo)
+                compare(
+                    engine,
+                    [encoded[i][0] for i in todo],
+                    baseline,
+                    batch_size=plan.batch_size,
+                    warmup=cfg.eval.warmup,
+                    on_batch=writer,
+                )
+                writer_rows = writer.rows
+        rows = done + writer_rows
+        summary = summarize_samples(rows, greedy=engine.warping.greedy, autoregressive=drafter is None)
+        quality = self._score(out, prompts, formats)
+        metrics = {**summary, **quality, **self._describe(plan, verifier, drafter, formats, load_s)}
+        metrics.update(num_shards=cfg.eval.num_shards, shard_id=cfg.eval.shard_id, resumed_samples=len(done))
         (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+        self._track(out, metrics)
         print(format_table(metrics))
         print(f"outputs: {out}")
         return metrics
 
-    def _load_prompts(self) -> list[Prompt]:
-        data = self.cfg.dataset
+    def _resume(self, out: Path, prompts: list[Prompt], selected: list[int]) -> list[dict]:
+        """Complete samples an earlier run of this config left in ``out`` (none unless ``eval.resume``)."""
+        path = out / SAMPLES_FILE
+        if not self.cfg.eval.resume or not path.exists():
+            return []
+        check_same_config(out / CONFIG_FILE, self.cfg)
+        rows = read_samples(path, repair=True)
+        key = sample_key_function(prompts)
+        wanted = {key({"id": prompts[i].id, "index": i}) for i in selected}
+        seen: set = set()
+        for number, row in enumerate(rows, start=1):
+            row_key = key(row)
+            if row_key not in wanted or row_key in seen:
+                problem = "is not in this shard of the dataset" if row_key not in wanted else "is a duplicate"
+                raise ConfigError(
+                    f"eval.output_dir: {path}:{number}: sample {row.get('id')!r} {problem}; pass "
+                    "eval.resume=false to start over or choose another eval.output_dir"
+                )
+            seen.add(row_key)
         try:
-            return load_prompts(data.name, data.path, data.limit, data.seed, data.prompt_field)
+            if rows:
+                summarize_samples(rows, greedy=True)
+        except (KeyError, ValueError) as err:
+            raise ConfigError(
+                f"eval.output_dir: cannot resume from {path}: {err}; pass eval.resume=false"
+            ) from err
+        return rows
+
+    def _track(self, out: Path, metrics: dict) -> None:
+        """Step-wise acceptance per position and the output files, into the task's MLflow run."""
+        positions = sorted(
+            (int(k.removeprefix("acceptance_pos_")), v)
+            for k, v in metrics.items()
+            if k.startswith("acceptance_pos_")
+        )
+        if positions:
+            self.tracker.log_metric_steps("acceptance_by_position", [v for _, v in positions])
+        for name in (CONFIG_FILE, SAMPLES_FILE, METRICS_FILE):
+            self.tracker.log_artifact(out / name)
+
+    def _load_prompts(self) -> list[Prompt]:
+        try:
+            return load_dataset_prompts(self.cfg.dataset)
+        except DatasetUnavailableError as err:
+            raise ConfigError(str(err)) from err
         except ValueError as err:  # a corrupt row: the message names file and line
             raise ConfigError(f"dataset.path: {err}") from err
+
+    def _score(self, out: Path, prompts: list[Prompt], formats: list[str]) -> dict:
+        """Task quality (``quality_*``) of the samples in ``out``; samples.jsonl gains reference and score."""
+        data = dataset_settings(self.cfg.dataset)
+        if not self.cfg.scoring.enabled:
+            return data.describe()
+        metric, stops = data.scorer(formats[0] if len(formats) == 1 else "mixed")
+        options = ScoringOptions.from_config(self.cfg.scoring)
+        return {**data.describe(), **score_run(out / SAMPLES_FILE, prompts, metric, stops, options)}
 
     def _load_models(self, plan: RunPlan) -> tuple[LoadedModel, LoadedModel | None]:
         verifier = load_verifier(plan.verifier, plan.device, plan.dtype)
@@ -159,6 +276,9 @@ def format_table(metrics: dict) -> str:
             f"{'autoregressive':<28} {1.0:>6.2f} {'-':>11} {metrics['baseline_tokens_per_s']:>10.1f} {'1.00x':>8}"
         )
     rows.append("-" * len(header))
+    quality = [f"{k.removeprefix('quality_')} {v:.3g}" for k, v in metrics.items() if _is_quality_number(k, v)]
+    if quality:
+        rows.append("quality: " + ", ".join(quality))
     rows.append(
         f"verifier {metrics['verifier']} | drafter {metrics['drafter']} | {metrics['num_samples']} prompts "
         f"({metrics['prompt_format']}), {metrics['new_tokens']} new tokens in {metrics['wall_time_s']:.2f} s"
@@ -169,3 +289,66 @@ def format_table(metrics: dict) -> str:
         )
     )
     return "\n".join(rows)
+
+
+def _is_quality_number(key: str, value: Any) -> bool:
+    return key.startswith("quality_") and key != "quality_num_scored" and isinstance(value, (int, float))
+
+
+
+
+def check_same_config(saved: Path, cfg: Any) -> None:
+    """Raise ConfigError unless ``saved`` (an earlier run's config.yaml) matches ``cfg`` (but for the keys
+    that :data:`specbench.tracking.run.RERUN_MAY_CHANGE` lists)."""
+    if not saved.is_file():
+        raise ConfigError(
+            f"eval.output_dir: {saved.parent} has {SAMPLES_FILE} but no {CONFIG_FILE}, so it cannot be "
+            "resumed; pass eval.resume=false to overwrite it or choose another eval.output_dir"
+        )
+
+    def relevant(tree: Any) -> dict:
+        return {k: v for k, v in flatten(tree).items() if not may_change_on_rerun(k)}
+
+    before = relevant(OmegaConf.to_container(OmegaConf.load(saved), resolve=True))
+    now = relevant(OmegaConf.to_container(cfg, resolve=True))
+    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    if changed:
+        shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:4])
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        raise ConfigError(
+            f"eval.output_dir: {saved.parent} holds samples of another config ({shown}{more}); pass "
+            "eval.resume=false to overwrite them or choose another eval.output_dir"
+        )
+
+
+def read_samples(path: Path, repair: bool = False) -> list[dict]:
+    """The complete lines of a samples.jsonl.
+
+    A last line without its newline is a torn write of a killed job: it is dropped (and, with
+    ``repair``, cut from the file so appends start on a clean line). Complete lines are never dropped;
+    a complete line that is not JSON raises ConfigError naming it.
+    """
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    rows = []
+    for number, line in enumerate(data[:end].split(b"\n")[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"eval.output_dir: {path}:{number} is not valid JSON ({err.msg})") from err
+    if end < len(data):
+        print(f"warning: dropped a torn last line ({len(data) - end} bytes) of {path}", file=sys.stderr)
+        if repair:
+            with open(path, "r+b") as handle:
+                handle.truncate(end)
+    return rows
+
+
+def sample_key_function(prompts: list[Prompt]) -> Any:
+    """Samples are matched to prompts by ``id``, or by ``index`` when the ids are not unique."""
+    ids = [json.dumps(p.id) for p in prompts]
+    if len(set(ids)) == len(ids):
+        return lambda row: json.dumps(row["id"])
+    return lambda row: row["index"]

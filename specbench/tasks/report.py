@@ -1,0 +1,85 @@
+"""``task=report``: compare runs (a sweep dir, or MLflow runs by parent, experiment, tags) in a table and plots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.config.validate import ConfigError
+from specbench.reporting import (
+    NoRunsError,
+    Selection,
+    load_sweep_dir,
+    parse_tags,
+    search_mlflow_runs,
+    write_report,
+)
+from specbench.reporting.table import to_markdown
+from specbench.tasks.base import Task, output_dir
+
+ARTIFACT_DIR = "report"
+
+
+class ReportTask(Task):
+    """select runs → merge shards → report.md, report.csv, plots (→ artifacts of the task's MLflow run)."""
+
+    def __init__(self, cfg: DictConfig, **_task_fields: Any) -> None:
+        # Hydra's instantiate also passes the fields of ``cfg.task``; they are read from ``cfg.task``.
+        super().__init__(cfg)
+
+    def check(self) -> None:
+        """Selector checks that need no store: exclusive sources, tag format, max_runs."""
+        opts = self.cfg.task
+        if opts.max_runs < 1:
+            raise ConfigError(f"task.max_runs must be >= 1, got {opts.max_runs}")
+        if opts.sweep_dir and (opts.parent_run_id or opts.tags or opts.filter):
+            raise ConfigError(
+                "task.sweep_dir reads runs from files; it cannot be combined with the MLflow selectors "
+                "task.parent_run_id / task.tags / task.filter"
+            )
+        try:
+            parse_tags(self._tags())
+        except (ValueError, TypeError) as err:
+            raise ConfigError(" ".join(str(err).split())) from err
+
+    def run(self) -> dict:
+        self.check()
+        opts = self.cfg.task
+        selection = self.select()
+        out = output_dir(opts.output_dir, "task.output_dir")
+        report = write_report(selection, out, title=f"specbench report: {selection.description}")
+        print(to_markdown(report.table))
+        for note in report.notes:
+            print(f"note: {note}")
+        print(f"report: {report.markdown} ({len(report.table)} runs, {len(report.plots)} plots)")
+        self.tracker.set_tags({"specbench.report.selector": selection.description})
+        for path in report.files:
+            self.tracker.log_artifact(path, ARTIFACT_DIR)
+        return {"report_runs": len(report.table), "report_plots": len(report.plots)}
+
+    def select(self) -> Selection:
+        """Runs from ``task.sweep_dir`` (files) if set, else from MLflow; a ConfigError names an empty selector."""
+        opts = self.cfg.task
+        try:
+            if opts.sweep_dir:
+                return load_sweep_dir(opts.sweep_dir)
+            return search_mlflow_runs(
+                experiment=opts.experiment,
+                parent_run_id=opts.parent_run_id,
+                tags=self._tags(),
+                filter_string=opts.filter,
+                tracking_uri=OmegaConf.select(self.cfg, "tracking.uri", default=None),
+                max_runs=opts.max_runs,
+            )
+        except NoRunsError as err:
+            raise ConfigError(f"task=report: {err}") from err
+        except Exception as err:
+            if type(err).__name__ == "MlflowException" and "filter" in str(err).lower():
+                message = " ".join(str(err).split())
+                raise ConfigError(f"task.filter / task.tags: MLflow rejected the filter: {message}") from err
+            raise
+
+    def _tags(self) -> Any:
+        tags = self.cfg.task.tags
+        return OmegaConf.to_container(tags) if OmegaConf.is_config(tags) else tags

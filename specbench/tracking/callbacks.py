@@ -1,0 +1,135 @@
+"""Hydra callback: one parent MLflow run per multirun; every job's run nests under it.
+
+Registered in ``conf/config.yaml`` (``hydra.callbacks.mlflow_sweep``). ``on_multirun_start`` runs in the
+process that launches the sweep (before any job, with any launcher): it creates the parent run and
+writes ``<sweep dir>/mlflow_parent.json`` (tracking URI, experiment id, run id). Each job, in this
+process (basic launcher) or in another one (``submitit_local``, ``submitit_slurm`` on any node that
+sees the sweep dir), reads that file in :func:`specbench.tracking.run.task_run` and tags its run
+``mlflow.parentRunId``. ``on_multirun_end`` ends the parent FINISHED, or FAILED when a child failed.
+Hydra skips ``on_multirun_end`` when a job raised (the sweeper re-raises the job's error), so an
+``atexit`` hook ends a parent left open FAILED.
+
+The instance is pickled into submitit jobs with Hydra's context: it only holds plain values.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.tracking import store
+from specbench.tracking.run import (
+    PARENT_FILE,
+    PARENT_TAG,
+    override_key,
+    read_record,
+    run_name,
+    swept_keys,
+    task_kind,
+    write_record,
+)
+
+UNFINISHED = ("FAILED", "KILLED", "RUNNING", "SCHEDULED")
+
+
+class MlflowSweepCallback(Callback):
+    """Creates, records and ends the parent MLflow run of a multirun (no-op when tracking is off)."""
+
+    def __init__(self) -> None:
+        self.parent: dict | None = None  # {"tracking_uri", "experiment_id", "run_id"} while open
+        self._registered = False
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        tracking = config.get("tracking")
+        if tracking is not None and not tracking.get("enabled", True):
+            return
+        tracking = tracking or {}
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        target = OmegaConf.select(config, "task._target_", default="") or ""
+        kind = task_kind(target)
+        uri = store.resolve_tracking_uri(tracking.get("uri"))
+        client = store.client(uri)
+        experiment_id = store.get_or_create_experiment(
+            client, store.experiment_name(tracking.get("experiment"), kind), uri
+        )
+        record_path = sweep_dir / PARENT_FILE
+        run_id = self._reopen(client, read_record(record_path), uri)
+        overrides = list(config.hydra.overrides.task)
+        varying = swept_keys(overrides)
+        in_config = OmegaConf.select(config, "hydra.sweeper.params", default=None)  # a grid set by a preset
+        varying += [str(key) for key in (in_config or {}) if str(key) not in varying]
+        if run_id is None:
+            method = OmegaConf.select(config, "method.name", default=None)
+            named = [o for o in overrides if override_key(o) in varying] or overrides
+            name = tracking.get("run_name") or "sweep " + run_name(method, named, kind)
+            run_id = store.retry(client.create_run, experiment_id, run_name=name[:250]).info.run_id
+        launcher = OmegaConf.select(config, "hydra.launcher._target_", default="") or ""
+        tags = {
+            "specbench.task": kind,
+            "specbench.role": "sweep",
+            "specbench.sweep_dir": str(sweep_dir),
+            "specbench.overrides": json.dumps(overrides),
+            "specbench.launcher": launcher.rsplit(".", 1)[-1],
+            "specbench.command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        }
+        tags.update({str(k): str(v) for k, v in (tracking.get("tags") or {}).items()})
+        for key, value in tags.items():
+            store.retry(client.set_tag, run_id, key, value[:8000])
+        write_record(record_path, uri, experiment_id, run_id, swept_keys=varying)
+        self.parent = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run_id}
+        if not self._registered:
+            atexit.register(self._end_if_open)
+            self._registered = True
+        print(f"MLflow parent run {run_id} ({uri}); jobs nest under it", file=sys.stderr)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.parent is None:
+            return
+        parent, self.parent = self.parent, None
+        client = store.client(parent["tracking_uri"])
+        children = store.retry(
+            client.search_runs,
+            [parent["experiment_id"]],
+            filter_string=f"tags.`{PARENT_TAG}` = '{parent['run_id']}'",
+            max_results=50000,
+        )
+        bad = [run for run in children if run.info.status in UNFINISHED]
+        store.retry(client.set_tag, parent["run_id"], "specbench.jobs", str(len(children)))
+        store.retry(client.set_tag, parent["run_id"], "specbench.failed_jobs", str(len(bad)))
+        multirun_yaml = Path(str(config.hydra.sweep.dir)) / "multirun.yaml"
+        if multirun_yaml.is_file():
+            store.retry(client.log_artifact, parent["run_id"], str(multirun_yaml))
+        store.retry(client.set_terminated, parent["run_id"], "FAILED" if bad else "FINISHED")
+
+    def _end_if_open(self) -> None:
+        """At exit: a parent still open means the sweep stopped on an error."""
+        if self.parent is None:
+            return
+        parent, self.parent = self.parent, None
+        with contextlib.suppress(Exception):
+            client = store.client(parent["tracking_uri"])
+            store.retry(client.set_tag, parent["run_id"], "specbench.error", "the sweep ended with an error")
+            store.retry(client.set_terminated, parent["run_id"], "FAILED")
+
+    @staticmethod
+    def _reopen(client: Any, record: dict | None, uri: str) -> str | None:
+        """A rerun into the same sweep dir reuses its parent run."""
+        if not record or record.get("tracking_uri") != uri:
+            return None
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = store.retry(client.get_run, record["run_id"])
+        except MlflowException:
+            return None
+        if run.info.lifecycle_stage == "deleted":
+            return None
+        store.retry(client.update_run, run.info.run_id, status="RUNNING")
+        return run.info.run_id

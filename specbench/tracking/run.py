@@ -1,0 +1,439 @@
+"""One MLflow run per task: params from the resolved config, tags, metrics, artifacts; FAILED on a crash.
+
+:func:`task_run` is the context manager ``launch.py`` (through :func:`specbench.tasks.base.run_task`)
+wraps around ``task.run()``. Inside a multirun it nests the run under the sweep's parent run, which
+:class:`specbench.tracking.callbacks.MlflowSweepCallback` created and recorded in the sweep dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import socket
+import sys
+import traceback
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.tracking import store
+
+PARENT_FILE = "mlflow_parent.json"  # in the sweep dir: the parent run of a multirun
+RUN_FILE = "mlflow_run.json"  # in a task's output dir: its run, reopened when the task is rerun there
+PARENT_TAG = "mlflow.parentRunId"
+# Config keys (and prefixes) that may differ between a run and its rerun into the same dir (where and
+# how it runs, not what it computes): the rerun still continues the same MLflow run / eval samples.
+RERUN_MAY_CHANGE = ("eval.output_dir", "eval.resume", "eval.warmup", "runtime.num_threads", "tracking")
+RUN_NAME_MAX = 250
+TAG_VALUE_MAX = 8000  # MLflow 3.x MAX_TAG_VAL_LENGTH
+PARAM_VALUE_MAX_FALLBACK = 6000  # MLflow 3.x MAX_PARAM_VAL_LENGTH
+PARAMS_PER_BATCH = 100
+METRICS_PER_BATCH = 1000
+_BAD_NAME = re.compile(r"[^/\w.\- :]")
+# Overrides that say where things go rather than what runs; left out of run names.
+_NAME_SKIP = ("hydra.", "hydra/", "tracking.", "tracking=", "eval.output_dir=", "+cluster=", "cluster=")
+
+
+def task_kind(target: str) -> str:
+    """``specbench.tasks.eval.EvalTask`` → ``eval`` (the experiment is ``specbench-<kind>``)."""
+    name = target.rsplit(".", 1)[-1]
+    name = name[: -len("Task")] if name.endswith("Task") and name != "Task" else name
+    return name.lower() or "task"
+
+
+def param_value_limit() -> int:
+    try:
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+        return int(MAX_PARAM_VAL_LENGTH)
+    except ImportError:  # pragma: no cover - older/newer mlflow layouts
+        return PARAM_VALUE_MAX_FALLBACK
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts → ``{"a.b.c": leaf}``; lists stay leaves (logged as JSON)."""
+    if isinstance(tree, Mapping):
+        flat: dict[str, Any] = {}
+        for key, value in tree.items():
+            flat.update(flatten(value, f"{prefix}{key}."))
+        if not tree and prefix:
+            flat[prefix[:-1]] = {}
+        return flat
+    return {prefix[:-1]: tree}
+
+
+def param_string(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def logged_value(key: str, text: str) -> str:
+    """What MLflow stores for param ``key``: ``text``, or a note naming its artifact when too long."""
+    if len(text) <= param_value_limit():
+        return text
+    return f"<{len(text)} chars: see artifact params/{key}.txt>"
+
+
+def safe_name(name: str) -> str:
+    """A param/metric/tag key MLflow accepts (alphanumerics, ``_ - . / : space``), at most 250 chars."""
+    return _BAD_NAME.sub("_", name).strip("/")[:250] or "_"
+
+
+def config_params(cfg: DictConfig | Mapping) -> dict[str, str]:
+    """The flattened resolved config (without the ``hydra`` node) as MLflow param strings."""
+    tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    tree.pop("hydra", None)
+    return {safe_name(key): param_string(value) for key, value in flatten(tree).items()}
+
+
+def numeric_metrics(values: Mapping[str, Any]) -> dict[str, float]:
+    """The real-number entries (bools as 0/1) of a flat dict; strings, None, lists are left out."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, (bool, int, float)) and not (isinstance(value, float) and math.isinf(value)):
+            out[safe_name(key)] = float(value)
+    return out
+
+
+def run_name(method: str | None, overrides: Iterable[str], kind: str | None = None) -> str:
+    """``"<method> key=value ..."`` from the overrides that change what runs (≤ 250 chars)."""
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(_NAME_SKIP)]
+    head = method or kind or "run"
+    name = " ".join([head, *kept]) if kept else f"{head} (defaults)"
+    return name if len(name) <= RUN_NAME_MAX else name[: RUN_NAME_MAX - 1] + "…"
+
+
+def read_record(path: Path) -> dict | None:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "run_id" in record else None
+
+
+def override_key(override: str) -> str:
+    """``+a.b=1`` → ``a.b``; ``model/verifier=x`` → ``model/verifier``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def swept_keys(overrides: Iterable[str]) -> list[str]:
+    """Keys of the sweep overrides (``a=1,2``, ``range(...)``, ``choice(...)``) of a multirun."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
+
+
+def write_record(path: Path, uri: str, experiment_id: str, run_id: str, **extra: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run_id, **extra}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
+
+
+class NullTracker:
+    """What a task logs to when tracking is off or the task runs outside ``launch.py``: nothing."""
+
+    enabled = False
+    run_id: str | None = None
+    tracking_uri: str | None = None
+    experiment_id: str | None = None
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        pass
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        pass
+
+    def log_metric_steps(self, key: str, values: Iterable[float], first_step: int = 1) -> None:
+        pass
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_artifacts(self, directory: str | Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        pass
+
+
+NULL_TRACKER = NullTracker()
+
+
+class Tracker(NullTracker):
+    """An open MLflow run: every call goes through the client with SQLite lock retries."""
+
+    enabled = True
+
+    def __init__(self, mlflow_client: Any, uri: str, experiment_id: str, run_id: str) -> None:
+        self.client = mlflow_client
+        self.tracking_uri = uri
+        self.experiment_id = experiment_id
+        self.run_id = run_id
+        self._existing_params: dict[str, str] = {}
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        entries = [
+            RunTag(safe_name(k), _clip(str(v), TAG_VALUE_MAX)) for k, v in tags.items() if v is not None
+        ]
+        for start in range(0, len(entries), PARAMS_PER_BATCH):
+            store.retry(self.client.log_batch, self.run_id, tags=entries[start : start + PARAMS_PER_BATCH])
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log params; a value over MLflow's limit (6000 chars) goes to ``params/<key>.txt`` instead.
+
+        The param then reads ``<N chars: see artifact params/<key>.txt>``. Params are immutable in
+        MLflow, so a reopened run keeps the values it already has.
+        """
+        from mlflow.entities import Param
+
+        entries = []
+        for key, value in params.items():
+            key, text = safe_name(key), param_string(value)
+            if key in self._existing_params:
+                continue
+            stored = logged_value(key, text)
+            if stored != text:
+                self.log_text(text, f"params/{key}.txt")
+            entries.append(Param(key, stored))
+            self._existing_params[key] = stored
+        for start in range(0, len(entries), PARAMS_PER_BATCH):
+            store.retry(self.client.log_batch, self.run_id, params=entries[start : start + PARAMS_PER_BATCH])
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Log the numeric entries of a flat dict (others are skipped) at ``step`` (default 0)."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        entries = [Metric(k, v, now, step or 0) for k, v in numeric_metrics(metrics).items()]
+        for start in range(0, len(entries), METRICS_PER_BATCH):
+            store.retry(
+                self.client.log_batch, self.run_id, metrics=entries[start : start + METRICS_PER_BATCH]
+            )
+
+    def log_metric_steps(self, key: str, values: Iterable[float], first_step: int = 1) -> None:
+        """A step-wise metric: ``values[i]`` at step ``first_step + i`` (e.g. acceptance per position)."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        name = safe_name(key)
+        entries = [Metric(name, float(v), now, first_step + i) for i, v in enumerate(values)]
+        for start in range(0, len(entries), METRICS_PER_BATCH):
+            store.retry(
+                self.client.log_batch, self.run_id, metrics=entries[start : start + METRICS_PER_BATCH]
+            )
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        if Path(path).exists():
+            store.retry(self.client.log_artifact, self.run_id, str(path), artifact_path)
+
+    def log_artifacts(self, directory: str | Path, artifact_path: str | None = None) -> None:
+        if Path(directory).is_dir():
+            store.retry(self.client.log_artifacts, self.run_id, str(directory), artifact_path)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        store.retry(self.client.log_text, self.run_id, text, artifact_file)
+
+    def end(self, status: str) -> None:
+        store.retry(self.client.set_terminated, self.run_id, status)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 40] + f"… <{len(text)} chars, clipped>"
+
+
+def _enabled(cfg: DictConfig) -> bool:
+    tracking = cfg.get("tracking") if isinstance(cfg, DictConfig) else None
+    return bool(tracking is None or tracking.get("enabled", True))
+
+
+def _hydra() -> Any:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def _sweep_dir(hydra: Any) -> Path | None:
+    from hydra.types import RunMode
+
+    if hydra is None or hydra.mode != RunMode.MULTIRUN:
+        return None
+    return (Path(hydra.runtime.cwd) / str(hydra.sweep.dir)).resolve()
+
+
+def _select(cfg: DictConfig, key: str) -> Any:
+    return OmegaConf.select(cfg, key, default=None) if isinstance(cfg, DictConfig) else None
+
+
+def _model_label(node: Any) -> str | None:
+    if node is None:
+        return None
+    return node.get("name") or node.get("path") or node.get("kind")
+
+
+def describe_tags(cfg: DictConfig, kind: str, overrides: list[str]) -> dict[str, str]:
+    """``specbench.*`` tags from the config (tasks may refine them once models are loaded)."""
+    tags = {
+        "specbench.task": kind,
+        "specbench.method": _select(cfg, "method.name"),
+        "specbench.verifier": _model_label(_select(cfg, "model.verifier")),
+        "specbench.drafter": _model_label(_select(cfg, "model.drafter")),
+        "specbench.overrides": json.dumps(overrides),
+        "specbench.host": socket.gethostname(),
+        "specbench.command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else None,
+    }
+    if os.environ.get("SLURM_JOB_ID"):
+        tags["specbench.slurm_job_id"] = os.environ.get("SLURM_ARRAY_JOB_ID", os.environ["SLURM_JOB_ID"])
+        if os.environ.get("SLURM_ARRAY_TASK_ID"):
+            tags["specbench.slurm_array_task_id"] = os.environ["SLURM_ARRAY_TASK_ID"]
+    return {k: v for k, v in tags.items() if v is not None}
+
+
+def may_change_on_rerun(key: str) -> bool:
+    return any(key == prefix or key.startswith(prefix + ".") for prefix in RERUN_MAY_CHANGE)
+
+
+def _reopen(mlflow_client: Any, record: dict | None, uri: str, params: Mapping[str, str]) -> str | None:
+    """The recorded run id if it lives in this store, still exists and ran the same config (then it is
+    reopened as RUNNING); None means a new run (params are immutable in MLflow)."""
+    if not record or record.get("tracking_uri") != uri:
+        return None
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = store.retry(mlflow_client.get_run, record["run_id"])
+    except MlflowException:
+        return None
+    if run.info.lifecycle_stage == "deleted":
+        return None
+    logged = run.data.params
+    if any(
+        logged.get(k, logged_value(k, v)) != logged_value(k, v)
+        for k, v in params.items()
+        if not may_change_on_rerun(k)
+    ):
+        return None
+    store.retry(mlflow_client.update_run, run.info.run_id, status="RUNNING")
+    return run.info.run_id
+
+
+@contextlib.contextmanager
+def task_run(
+    cfg: DictConfig,
+    kind: str,
+    run_dir: str | Path | None = None,
+    overrides: list[str] | None = None,
+) -> Iterator[NullTracker]:
+    """Open the MLflow run of one task and yield its :class:`Tracker` (a :class:`NullTracker` if off).
+
+    - URI: ``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<project>/mlruns/mlflow.db``;
+      inside a multirun, the parent's URI (read from ``<sweep dir>/mlflow_parent.json``).
+    - Experiment ``tracking.experiment`` or ``specbench-<kind>``; run name from the method and overrides.
+    - Params: the flattened resolved config; tags ``specbench.*`` and, in a sweep, ``mlflow.parentRunId``.
+    - ``run_dir/mlflow_run.json`` records the run; a rerun into the same dir (resume, requeue) reopens it.
+    - Ends FINISHED, or FAILED (KILLED on Ctrl-C) if the body raises; the exception is re-raised.
+    """
+    if not _enabled(cfg):
+        yield NULL_TRACKER
+        return
+    tracking = cfg.get("tracking") or {}
+    hydra = _hydra()
+    if overrides is None:
+        overrides = list(hydra.overrides.task) if hydra is not None else []
+    sweep_dir = _sweep_dir(hydra)
+    parent = read_record(sweep_dir / PARENT_FILE) if sweep_dir else None
+    cwd = hydra.runtime.cwd if hydra is not None else None
+    uri = parent["tracking_uri"] if parent else store.resolve_tracking_uri(tracking.get("uri"), cwd)
+    mlflow_client = store.client(uri)
+    if parent:
+        experiment_id = parent["experiment_id"]
+    else:
+        name = store.experiment_name(tracking.get("experiment"), kind)
+        experiment_id = store.get_or_create_experiment(mlflow_client, name, uri)
+
+    params = config_params(cfg)
+    record_path = Path(run_dir) / RUN_FILE if run_dir else None
+    run_id = _reopen(mlflow_client, read_record(record_path), uri, params) if record_path else None
+    tags = describe_tags(cfg, kind, overrides)
+    if sweep_dir is not None:
+        tags["specbench.sweep_dir"] = str(sweep_dir)
+        tags["specbench.job_num"] = str(hydra.job.num)
+    if run_dir is not None:
+        tags["specbench.output_dir"] = str(Path(run_dir).resolve())
+    if parent:
+        tags[PARENT_TAG] = parent["run_id"]
+    tags.update({str(k): v for k, v in (tracking.get("tags") or {}).items()})
+    if run_id is None:
+        varying = set(parent.get("swept_keys") or []) if parent else set()
+        named = [o for o in overrides if override_key(o) in varying] if varying else overrides
+        name = tracking.get("run_name") or run_name(_select(cfg, "method.name"), named, kind)
+        run = store.retry(mlflow_client.create_run, experiment_id, run_name=name)
+        run_id = run.info.run_id
+    else:
+        tags["specbench.reopened"] = "true"
+    if record_path is not None:
+        write_record(record_path, uri, experiment_id, run_id)
+    tracker = Tracker(mlflow_client, uri, experiment_id, run_id)
+    with ending(tracker):
+        tracker._existing_params = dict(store.retry(mlflow_client.get_run, run_id).data.params)
+        tracker.set_tags(tags)
+        tracker.log_params(params)
+        if len(tags["specbench.overrides"]) > TAG_VALUE_MAX:
+            tracker.log_text(tags["specbench.overrides"], "overrides.json")
+        with _active(uri, run_id):
+            yield tracker
+
+
+@contextlib.contextmanager
+def _active(uri: str, run_id: str) -> Iterator[None]:
+    """Make the run MLflow's active (fluent) run, so ``mlflow.log_*`` inside the task lands in it.
+
+    On exit it leaves the fluent stack; :func:`ending` (outside this) then sets the final status.
+    """
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    store.retry(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None)
+    try:
+        yield
+    finally:
+        active = mlflow.active_run()
+        if active is not None and active.info.run_id == run_id:
+            with contextlib.suppress(Exception):
+                store.retry(mlflow.end_run)
+
+
+@contextlib.contextmanager
+def ending(tracker: Tracker) -> Iterator[None]:
+    """End ``tracker``'s run FINISHED, or FAILED/KILLED with the traceback as ``error.txt`` and re-raise."""
+    try:
+        yield
+    except BaseException as err:
+        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        if isinstance(err, SystemExit) and err.code in (0, None):
+            status = "FINISHED"
+        with contextlib.suppress(Exception):  # never hide the task's own error
+            if status != "FINISHED":
+                tracker.set_tags({"specbench.error": f"{type(err).__name__}: {err}"[:1000]})
+                tracker.log_text("".join(traceback.format_exception(err)), "error.txt")
+        try:
+            tracker.end(status)
+        except Exception as end_err:  # noqa: BLE001 - store unreachable; keep the task's error
+            print(f"warning: could not mark MLflow run {tracker.run_id} {status}: {end_err}", file=sys.stderr)
+        raise
+    tracker.end("FINISHED")

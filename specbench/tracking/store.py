@@ -1,0 +1,147 @@
+"""Where MLflow runs go: the tracking URI, the experiment, and SQLite-safe client calls.
+
+mlflow is imported inside functions only, so importing this module is cheap and touches no database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+T = TypeVar("T")
+
+ENV_URI = "MLFLOW_TRACKING_URI"
+DB_SUBPATH = Path("mlruns") / "mlflow.db"
+ARTIFACTS_DIRNAME = "artifacts"
+EXPERIMENT_PREFIX = "specbench-"
+LOCK_RETRY_S = 120.0  # give up on "database is locked" after this long
+
+
+def project_root() -> Path:
+    """The checkout that holds ``launch.py`` (editable install), else the current directory."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "launch.py").is_file() else Path.cwd()
+
+
+def default_tracking_uri() -> str:
+    """``sqlite:///<project root>/mlruns/mlflow.db`` (absolute, so SLURM jobs and ``mlflow ui`` agree)."""
+    return "sqlite:///" + str(project_root() / DB_SUBPATH)
+
+
+def resolve_tracking_uri(configured: str | None = None, cwd: str | Path | None = None) -> str:
+    """``configured`` (``tracking.uri``), else ``$MLFLOW_TRACKING_URI``, else :func:`default_tracking_uri`.
+
+    A relative SQLite path (``sqlite:///x.db``) or a bare file path is made absolute against ``cwd``
+    (default: the current directory), so every process of a sweep writes to the same file.
+    """
+    uri = configured or os.environ.get(ENV_URI) or default_tracking_uri()
+    base = Path(cwd) if cwd is not None else Path.cwd()
+    if uri.startswith("sqlite:///"):
+        path = uri.removeprefix("sqlite:///")
+        if path and path != ":memory:" and not path.startswith("/"):
+            return "sqlite:///" + str((base / path).resolve())
+        return uri
+    if "://" not in uri and not uri.startswith("sqlite:"):
+        return "sqlite:///" + str((base / Path(uri).expanduser()).resolve())
+    return uri
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, else None."""
+    if uri.startswith("sqlite:///"):
+        path = uri.removeprefix("sqlite:///")
+        if path and path != ":memory:":
+            return Path(path)
+    return None
+
+
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """For a SQLite store, ``<db dir>/artifacts/<experiment>`` (not MLflow's ``./mlruns`` in the cwd)."""
+    path = sqlite_path(uri)
+    if path is None:
+        return None  # a tracking server chooses its own artifact root
+    return (path.parent / ARTIFACTS_DIRNAME / experiment).resolve().as_uri()
+
+
+def is_lock_error(err: BaseException) -> bool:
+    """SQLite's "database is locked" (possibly wrapped by MLflow as TEMPORARILY_UNAVAILABLE)."""
+    text = str(err).lower()
+    if "database is locked" in text or "database table is locked" in text:
+        return True
+    return getattr(err, "error_code", None) == "TEMPORARILY_UNAVAILABLE"
+
+
+def retry(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``call(*args, **kwargs)``, retried with jittered backoff while SQLite reports a lock.
+
+    Concurrent jobs on one node share one SQLite file; MLflow already waits 20 s per statement
+    (busy_timeout), this covers longer bursts. Several nodes should use a tracking server instead.
+    """
+    deadline = time.monotonic() + LOCK_RETRY_S
+    delay = 0.2
+    while True:
+        try:
+            return call(*args, **kwargs)
+        except Exception as err:
+            if not is_lock_error(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay * (1.0 + random.random()))
+            delay = min(delay * 2, 5.0)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def client(uri: str) -> MlflowClient:
+    """An MlflowClient on ``uri`` whose store is created (and the SQLite schema migrated) under a file lock.
+
+    The lock keeps concurrent first uses of a fresh SQLite file from racing through the migrations.
+    """
+    from mlflow.tracking import MlflowClient
+
+    made = MlflowClient(tracking_uri=uri)
+    path = sqlite_path(uri)
+    lock = _file_lock(path.with_name(path.name + ".lock")) if path else contextlib.nullcontext()
+    with lock:
+        retry(made.search_experiments, max_results=1)
+    return made
+
+
+def get_or_create_experiment(mlflow_client: MlflowClient, name: str, uri: str) -> str:
+    """The id of experiment ``name``, created (artifacts next to a SQLite file) if missing."""
+    from mlflow.exceptions import MlflowException
+
+    found = retry(mlflow_client.get_experiment_by_name, name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            retry(mlflow_client.restore_experiment, found.experiment_id)
+        return found.experiment_id
+    try:
+        return retry(mlflow_client.create_experiment, name, artifact_location=artifact_location(uri, name))
+    except MlflowException:  # another job created it at the same moment
+        found = retry(mlflow_client.get_experiment_by_name, name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def experiment_name(configured: str | None, kind: str) -> str:
+    """``tracking.experiment`` if set, else ``specbench-<task kind>`` (one experiment per task kind)."""
+    return configured or f"{EXPERIMENT_PREFIX}{kind}"

@@ -1,0 +1,112 @@
+"""End to end on a real single-node SLURM: a sweep through hydra/launcher=submitit_slurm lands in MLflow
+under one parent run. Needs root and scripts/slurm/start_single_node.sh (CI's .ci/run starts it);
+skipped, with the reason, where SLURM cannot be started (failed instead with SPECBENCH_REQUIRE_SLURM=1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT, launch
+
+from specbench.tracking import PARENT_FILE, PARENT_TAG
+
+pytestmark = pytest.mark.slurm
+
+START = ROOT / "scripts" / "slurm" / "start_single_node.sh"
+
+
+def slurm_unavailable() -> str | None:
+    """Why SLURM cannot be used here, or None once the node answers (starting the daemons if needed)."""
+    if shutil.which("sbatch") is None:
+        if os.geteuid() != 0:
+            return "SLURM is not installed and installing it needs root"
+        if shutil.which("apt-get") is None:
+            return "SLURM is not installed and apt-get is missing"
+        return f"SLURM is not installed: run `bash {START.relative_to(ROOT)}` as root first (.ci/run does)"
+    if os.geteuid() != 0:
+        up = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, check=False)
+        return (
+            None
+            if "idle" in up.stdout or "mix" in up.stdout
+            else "SLURM is not up and starting it needs root"
+        )
+    try:  # idempotent: returns at once when the node is up, else starts munged/slurmctld/slurmd
+        proc = subprocess.run(["bash", str(START)], capture_output=True, text=True, timeout=180, check=False)
+    except subprocess.TimeoutExpired:
+        return f"{START.name} did not finish in 180 s"
+    if proc.returncode != 0:
+        return f"{START.name} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    reason = slurm_unavailable()
+    if reason and os.environ.get("SPECBENCH_REQUIRE_SLURM") == "1":  # CI: a cluster that should be there
+        pytest.fail(f"SPECBENCH_REQUIRE_SLURM=1 but {reason}")
+    if reason:
+        pytest.skip(reason)
+
+
+def test_sweep_on_slurm_lands_in_mlflow_under_one_parent(slurm, mlflow_uri, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    sweep_dir = tmp_path / "sweep"
+    proc = launch(
+        [
+            "-m",
+            "hydra/launcher=submitit_slurm",
+            "+cluster=slurm-local",
+            "model/verifier=tiny-random",
+            "model/drafter=tiny-random",
+            "gen.max_new_tokens=3",
+            "dataset.limit=1",
+            "eval.baseline=false",
+            "eval.warmup=false",
+            "runtime.num_threads=1",
+            "method=static_ensemble",
+            "schedule.gamma=1,2",
+            "method.draft_weight=0.1,0.3",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cache_dir=tmp_path / "cache",
+    )
+    logs = "\n".join(p.read_text()[-1500:] for p in sorted(sweep_dir.glob(".submitit/*/*.err")))
+    assert proc.returncode == 0, proc.stderr[-3000:] + "\n--- job logs ---\n" + logs
+
+    record = json.loads((sweep_dir / PARENT_FILE).read_text())
+    assert record["tracking_uri"] == mlflow_uri
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    parent = client.get_run(record["run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["specbench.launcher"] == "SlurmLauncher"
+    assert parent.data.tags["specbench.jobs"] == "4" and parent.data.tags["specbench.failed_jobs"] == "0"
+    children = client.search_runs(
+        [record["experiment_id"]], filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'"
+    )
+    children.sort(key=lambda run: int(run.data.tags["specbench.job_num"]))
+    assert len(children) == 4
+    grid = [(c.data.params["schedule.gamma"], c.data.params["method.draft_weight"]) for c in children]
+    assert grid == [("1", "0.1"), ("1", "0.3"), ("2", "0.1"), ("2", "0.3")]
+    array_ids = {c.data.tags["specbench.slurm_job_id"] for c in children}
+    assert len(array_ids) == 1  # one job array ...
+    assert sorted(c.data.tags["specbench.slurm_array_task_id"] for c in children) == [
+        "0",
+        "1",
+        "2",
+        "3",
+    ]  # ... 4 tasks
+    for number, child in enumerate(children):
+        assert child.info.status == "FINISHED"
+        metrics = json.loads((sweep_dir / str(number) / "metrics.json").read_text())
+        assert child.data.metrics["new_tokens"] == metrics["new_tokens"] == 3
+        assert child.data.metrics["tokens_per_s"] == pytest.approx(metrics["tokens_per_s"])
+        assert {a.path for a in client.list_artifacts(child.info.run_id)} >= {"samples.jsonl", "metrics.json"}
+    # The jobs ran this venv's python (submitit uses sys.executable).
+    submission = next(sweep_dir.glob(".submitit/*/*_submission.sh")).read_text()
+    assert sys.executable in submission
