@@ -56,12 +56,6 @@ def presets() -> list[str]:
     return sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
-def skip_without_dataset(name: str) -> None:
-    dataset = PRESETS[name].get("dataset")
-    if dataset and not (CONF / "dataset" / f"{dataset}.yaml").is_file():
-        pytest.skip(f"dataset option {dataset!r} does not exist yet (it lands with issue 4)")
-
-
 def test_expected_presets_exist():
     assert presets() == sorted(PRESETS)
 
@@ -81,7 +75,6 @@ def test_preset_is_a_global_delta(name):
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_preset_composes_with_one_override_and_validates(name, tmp_path):
-    skip_without_dataset(name)
     expected = PRESETS[name]
     cfg = compose_config([f"experiment={name}"])
     if expected.get("dataset") not in (None, "demo"):

@@ -7,6 +7,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from specbench.models.loading import ModelSpec
+
 
 @dataclass
 class TaskConfig:
@@ -33,26 +35,14 @@ class ReportTaskConfig(TaskConfig):
     output_dir: str | None = None  # None: the Hydra run dir
 
 
-@dataclass
-class ModelConfig:
-    """Mirrors :class:`specbench.models.ModelSpec` (kinds hub, local, embedded, tiny_random, early_exit, none)."""
-
-    kind: str = MISSING
-    name: str = ""
-    path: str | None = None
-    revision: str | None = None
-    arch: str = "llama"
-    num_layers: int | None = None
-    hidden_size: int = 64
-    vocab_size: int = 320
-    seed: int = 0
-    trust_remote_code: bool = False
+# The library's model description is the schema of the model/verifier and model/drafter groups.
+ModelConfig = ModelSpec
 
 
 @dataclass
 class ModelPairConfig:
-    verifier: ModelConfig = field(default_factory=ModelConfig)
-    drafter: ModelConfig = field(default_factory=ModelConfig)
+    verifier: ModelConfig = MISSING
+    drafter: ModelConfig = MISSING
 
 
 @dataclass

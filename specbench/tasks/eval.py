@@ -86,8 +86,10 @@ class EvalTask(Task):
     """validate → prompts (this shard) → resume → models → pair check → encode → run (+ baseline)
     → table, metrics.json, samples.jsonl (and the MLflow run's tags, metrics, artifacts)."""
 
+    plan: RunPlan | None = None
+
     def check(self) -> None:
-        validate(self.cfg)
+        self.plan = validate(self.cfg)
 
     def run_dir(self) -> Path | None:
         configured = self.cfg.eval.output_dir
@@ -95,7 +97,7 @@ class EvalTask(Task):
 
     def run(self) -> dict:
         cfg = self.cfg
-        plan = validate(cfg)
+        plan = self.plan or validate(cfg)  # run_task validated already; direct calls validate here
         prompts = self._load_prompts()
         selected = shard_indices(len(prompts), cfg.eval.num_shards, cfg.eval.shard_id)
         if not selected:
