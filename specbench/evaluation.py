@@ -14,6 +14,7 @@ from specbench.decoding.engine import GenerationSettings, RoundRecord, SampleRes
 from specbench.decoding.metrics import summarize
 from specbench.decoding.rules import VerificationRule
 from specbench.decoding.schedules import DraftSchedule
+from specbench.drafters.steering import SteeredDrafter
 from specbench.models.loading import LoadedModel
 from specbench.models.pair import shared_vocab_size
 
@@ -75,6 +76,7 @@ def build_engines(
     schedule: DraftSchedule,
     settings: GenerationSettings,
     baseline: bool = True,
+    steering: SteeredDrafter | None = None,
 ) -> tuple[SpeculativeEngine, SpeculativeEngine | None]:
     """The method's engine and, if ``baseline`` and there is a drafter, an autoregressive engine of the verifier.
 
@@ -94,7 +96,7 @@ def build_engines(
         "eos_token_ids": eos,
         "pad_token_id": pad_token_id(tokenizer, eos),
     }
-    engine = SpeculativeEngine(verifier.model, drafter.model if drafter else None, rule, **common)
+    engine = SpeculativeEngine(verifier.model, drafter.model if drafter else None, rule, steering=steering, **common)
     reference = SpeculativeEngine(verifier.model, None, None, **common) if baseline and drafter else None
     return engine, reference
 
@@ -229,6 +231,8 @@ def saved_timing(result: SampleResult, batch_rows: int) -> dict:
     }
     if any(r.mean_draft_weight is not None for r in result.rounds):
         stats["draft_weight"] = [r.mean_draft_weight for r in result.rounds]
+    if any(r.draft_weights is not None for r in result.rounds):
+        stats["draft_weights"] = [r.draft_weights for r in result.rounds]  # per drafted position
     return {"wall_time_s": result.wall_time, "batch_rows": batch_rows, "round_stats": stats}
 
 
@@ -239,6 +243,7 @@ def result_from_row(row: dict) -> SampleResult:
         raise ValueError(f"sample {row.get('id')!r} lacks {missing} (written by an older specbench?)")
     stats = row["round_stats"]
     weights = stats.get("draft_weight") or [None] * len(row["rounds"])
+    position_weights = stats.get("draft_weights") or [None] * len(row["rounds"])
     rounds = [
         RoundRecord(
             drafted=drafted,
@@ -248,14 +253,16 @@ def result_from_row(row: dict) -> SampleResult:
             verify_time=verify_time,
             draft_forwards=forwards,
             mean_draft_weight=weight,
+            draft_weights=position_weight,
         )
-        for (drafted, accepted), emitted, forwards, draft_time, verify_time, weight in zip(
+        for (drafted, accepted), emitted, forwards, draft_time, verify_time, weight, position_weight in zip(
             row["rounds"],
             stats["emitted"],
             stats["draft_forwards"],
             stats["draft_time"],
             stats["verify_time"],
             weights,
+            position_weights,
         )
     ]
     return SampleResult(

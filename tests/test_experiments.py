@@ -14,9 +14,9 @@ from specbench.config import ConfigError, validate
 
 CONF = ROOT / "conf"
 LLAMA_8B, LLAMA_1B = "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct"
-SD2 = {"method": "sd2", "steering": "sd2", "gamma": 8, "temperature": 1.0, "planned": "issue 5"}
+SD2 = {"method": "sd2", "steering": "sd2", "gamma": 8, "temperature": 1.0}
 DIVERSED = {"verifier": LLAMA_8B, "drafter": LLAMA_1B, "method": "diversed", "steering": "none",
-            "temperature": 1.0, "planned": "issue 6"}  # fmt: skip
+            "temperature": 1.0}  # fmt: skip
 # What each preset must set (the rest are the defaults).
 PRESETS = {
     "sd2-llama3": {**SD2, "verifier": LLAMA_8B, "drafter": LLAMA_1B, "v_layers": [3, 16, 29]},
@@ -39,6 +39,16 @@ PRESETS = {
         "gamma": 3,
         "dataset": "demo",
         "temperature": 0.0,
+        "device": "cpu",
+    },
+    "cpu-sd2": {
+        "verifier_kind": "embedded",
+        "drafter_kind": "early_exit",
+        "num_layers": 4,
+        "method": "sd2",
+        "steering": "sd2",
+        "v_layers": [3, 15, 27],
+        "dataset": "spec_bench",
         "device": "cpu",
     },
     "cpu-ensemble-sweep": {
@@ -66,7 +76,9 @@ def test_preset_is_a_global_delta(name):
     assert text.startswith("# @package _global_\n")
     body = yaml.safe_load(text)
     assert all(
-        entry.startswith("override /") for entry in (body.get("defaults") or []) if isinstance(entry, str)
+        entry.startswith(("override /", "/recipe/"))
+        for entry in (body.get("defaults") or [])
+        if isinstance(entry, str)
     )
     entries = [next(iter(e)) for e in body.get("defaults") or [] if isinstance(e, dict)]
     assert all(key.startswith("override /") for key in entries)
@@ -97,16 +109,25 @@ def test_preset_composes_with_one_override_and_validates(name, tmp_path):
         "device": cfg.runtime.device,
     }
     for key, value in expected.items():
-        if key != "planned":
-            assert checks[key] == value, key
-    if "planned" in expected:
-        with pytest.raises(
-            ConfigError, match=rf"not implemented yet .*\(it lands with {expected['planned']}\)"
-        ):
+        assert checks[key] == value, key
+    if cfg.model.verifier.kind == "hub":  # offline here: the hub model is not in the local cache
+        with pytest.raises(ConfigError, match="not in the local Hugging Face cache"):
             validate(cfg)
-    else:
-        plan = validate(cfg)
-        assert plan.method == expected["method"] and str(plan.device) == "cpu"
+        local = ["model/verifier=tiny-random", "model/drafter=tiny-random", "dataset=demo"]
+        cfg = compose_config([f"experiment={name}", *local])
+    plan = validate(cfg)
+    assert plan.method == expected["method"] and str(plan.device) == "cpu"
+
+
+@pytest.mark.parametrize("name", ["sd2-llama3", "sd2-qwen3", "sd2-vicuna"])
+def test_sd2_presets_carry_the_paper_recipe(name):
+    cfg = compose_config([f"experiment={name}"])
+    train = cfg.train
+    assert (train.batch_size, train.lr_start, train.lr_end, train.warmup_steps, train.grad_clip) == (
+        24, 1e-5, 1e-6, 1000, 0.5
+    )
+    assert (train.loss, train.max_offset, cfg.synth.target_len, cfg.synth.temperature) == ("kl", 8, 256, 1.0)
+    assert (cfg.dataset.name, cfg.steering.finetune_drafter) == ("ultrachat", "full")
 
 
 def test_command_line_overrides_win_over_a_preset():
@@ -165,6 +186,7 @@ def test_gpu_preset_from_the_command_line_stops_with_one_line(tmp_path):
         env_extra={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("Config error: method.name='sd2' selects SD²")
-    assert "issue 5" in proc.stderr and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("Config error: model.verifier.path: 'meta-llama/Llama-3.1-8B-Instruct' is not in the local")
+    assert "huggingface-cli download" in last and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "metrics.json").exists()

@@ -286,3 +286,42 @@ def test_summary_from_saved_samples_equals_the_in_memory_one(tiny_pair, tmp_path
     recomputed = summarize_samples(rows, greedy=True)
     assert recomputed.keys() == comparison.metrics.keys()
     assert recomputed == pytest.approx(comparison.metrics, rel=1e-9)
+
+
+def test_a_sigkilled_submitter_leaves_no_parent_running_after_the_next_sweep(mlflow_uri, tmp_path):
+    """SIGKILL runs no exit hook; the next sweep from this host closes the orphaned parent KILLED."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+
+    killed_dir = tmp_path / "killed"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": mlflow_uri}
+    env.pop("HYDRA_FULL_ERROR", None)
+    args = [*TINY, "gen.max_new_tokens=64", "eval.baseline=false", "runtime.num_threads=1", "gen.seed=0,1,2,3,4,5"]
+    submitter = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), "-m", *args, f"hydra.sweep.dir={killed_dir}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (killed_dir / PARENT_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (killed_dir / PARENT_FILE).exists(), "the sweep never started"
+        while not sweep_runs(killed_dir)[1] and time.monotonic() < deadline:  # a job is decoding
+            time.sleep(0.2)
+    finally:
+        submitter.send_signal(signal.SIGKILL)
+        submitter.wait()
+    orphan, jobs = sweep_runs(killed_dir)
+    assert orphan.info.status == "RUNNING" and jobs[-1].info.status == "RUNNING"
+    proc = launch(["-m", *SMALL, "gen.seed=0", f"hydra.sweep.dir={tmp_path / 'next'}"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    orphan, jobs = sweep_runs(killed_dir)
+    assert orphan.info.status == "KILLED" and jobs[-1].info.status == "KILLED"  # basic launcher: same process
+    assert f"pid {submitter.pid}" in orphan.data.tags["specbench.error"]
+    fresh, _ = sweep_runs(tmp_path / "next")
+    assert fresh.info.status == "FINISHED"

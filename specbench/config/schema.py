@@ -114,6 +114,8 @@ class DatasetConfig:
     reference_field: str | None = None
     metric: str | None = None  # none | rouge | bleu | exact_match | pass@1 | spec_bench
     categories: list[str] | None = None  # spec_bench / mt_bench: keep only these categories
+    subset: str = "all"  # all | train | heldout: a fixed split by prompt id (train on one part, evaluate on the other)
+    heldout_fraction: float = 0.2  # share of prompts in the heldout part (subset=train|heldout)
 
 
 @dataclass
@@ -135,6 +137,62 @@ class EvalConfig:
     num_shards: int = 1  # data-parallel evaluation: split the prompts into this many shards ...
     shard_id: int = 0  # ... and decode shard shard_id (0 <= shard_id < num_shards)
     resume: bool = True  # a rerun into an output dir with samples.jsonl decodes only the missing prompts
+
+
+@dataclass
+class SynthConfig:
+    """``task=synth`` (methods.md §6): verifier samples for distillation / SD² training."""
+
+    output_dir: str | None = None  # None: the Hydra run dir; the dataset is saved under <output_dir>/dataset
+    target_len: int = 256  # total tokens per sequence (prompt + generated)
+    max_prompt_len: int = 192  # longer prompts are skipped (counted in the metadata), never truncated
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    batch_size: int = 16
+    validation_fraction: float = 0.05  # rows (by source row id) that go to the validation split
+    num_shards: int = 1  # a SLURM array: job shard_id samples prompts i with i % num_shards == shard_id
+    shard_id: int = 0
+    resume: bool = True  # a rerun into the same output dir samples only the prompts not done yet
+
+
+@dataclass
+class TrainConfig:
+    """``task=train``: SD² / distillation (methods.md §4) and the DIVERSED head (§5), with Lightning."""
+
+    data: str | None = None  # sd2 / distill: task=synth output dir(s), comma separated (shards are merged)
+    output_dir: str | None = None  # None: the Hydra run dir; checkpoints under <output_dir>/checkpoints
+    max_steps: int = 1000  # optimiser steps
+    batch_size: int = 8
+    accumulate_grad_batches: int = 1
+    lr_start: float = 1e-5
+    lr_end: float = 1e-6
+    warmup_steps: int = 100  # linear warm-up to lr_start, then cosine decay to lr_end
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    loss: str = "kl"  # kl = KL(p_V || q_D) | rkl = KL(q_D || p_V) | tvd
+    offset: str = "random"  # random: one steering offset in [1, max_offset] per batch | blocked: per-round blocks
+    max_offset: int = 8  # k: the largest distance from the steering source (the decoding gamma)
+    lora_rank: int = 16  # steering.finetune_drafter=lora
+    lora_alpha: int = 32
+    val_every_steps: int = 100  # validation (loss, TVD, speculative tau) every this many steps
+    val_batches: int = 4  # validation batches for loss / TVD (0: all)
+    val_prompts: int = 4  # validation prompts decoded with speculative decoding for tau (0: skip)
+    checkpoint_every_steps: int = 100  # last.ckpt every this many steps (requeue / resume)
+    resume: bool = True  # continue from <output_dir>/checkpoints/last.ckpt when it exists
+    devices: Any = 1  # Lightning devices ("auto", an int, or a list of GPU ids)
+    strategy: str = "auto"  # Lightning strategy: auto | ddp | ...
+    precision: str | None = None  # None: bf16-mixed on GPU, 32-true on CPU
+    num_workers: int = 0
+    seed: int = 0
+    # DIVERSED head (method=diversed)
+    rollout_temperature: float = 1.0  # > 0: on-policy sampled rollouts (unbiased REINFORCE); 0: greedy
+    rollouts_per_prompt: int = 1
+    baseline_ema: float = 0.9  # EMA of the reward baseline b
+    regularizer: str = "tv"  # tv: -lambda * mean(1 - TV(q, pi)) | l2: (mean w_draft - target_weight)^2
+    regularizer_weight: float = 0.1
+    target_weight: float = 0.5  # l2 regulariser target draft weight
 
 
 @dataclass
@@ -168,5 +226,7 @@ class Config:
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
     gen: GenConfig = field(default_factory=GenConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    synth: SynthConfig = field(default_factory=SynthConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -18,3 +18,5 @@ def register_configs() -> None:
     store.store(name=SCHEMA_NAME, node=Config)
     store.store(group="schema/task", name="eval", node=TaskConfig)
     store.store(group="schema/task", name="report", node=ReportTaskConfig)
+    store.store(group="schema/task", name="synth", node=TaskConfig)
+    store.store(group="schema/task", name="train", node=TaskConfig)

@@ -24,14 +24,13 @@ T = TypeVar("T")
 
 VERIFIER_KINDS = ("hub", "local", "embedded", "tiny_random")
 
-# Options whose config composes but whose implementation lands with a later issue: (what, issue, meanwhile).
-PLANNED_METHODS = {
-    "diversed": ("the DIVERSED learned dynamic ensemble", "issue 6", "method=static_ensemble"),
-    "sd2": ("SD² decoding with a steered drafter", "issue 5", "method=sd"),
-    "distill": ("decoding with a distilled drafter", "issue 5", "method=sd"),
+# Methods that decode with a trained part: (checkpoint key, what trains it).
+TRAINED_METHODS = {
+    "sd2": ("steering.checkpoint", "task=train method=sd2 steering=sd2"),
+    "distill": ("method.drafter_checkpoint", "task=train method=distill"),
+    "diversed": ("method.head_checkpoint", "task=train method=diversed"),
 }
-PLANNED_STEERING = {"sd2": ("SD² drafter steering", "issue 5", "steering=none")}
-STEERING = ("none", *PLANNED_STEERING)
+STEERING = ("none", "sd2")
 GUIDE_METHODS = ("merged", "simple")
 FINETUNE_DRAFTER = ("full", "none", "lora")
 POOLS = ("linear", "log_linear")
@@ -58,6 +57,21 @@ class RunPlan:
     drafter: ModelSpec | None  # None when no drafter is needed (method=auto)
     device: torch.device
     dtype: torch.dtype
+    steering: dict | None = None  # the steering group when steering=sd2
+    checkpoint: str | None = None  # the trained part of sd2 / distill / diversed (None: untrained)
+    pool: str = "linear"  # diversed
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """The validated pieces of a training run (``task=train``)."""
+
+    method: str  # sd2 | distill | diversed
+    verifier: ModelSpec
+    drafter: ModelSpec
+    device: torch.device
+    dtype: torch.dtype
+    data: list[str]  # sd2 / distill: synthetic dataset dirs
 
 
 def _checked(key: str, build: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -80,10 +94,25 @@ def _model_spec(node: DictConfig, key: str) -> ModelSpec:
     return _checked(key, ModelSpec, **fields)
 
 
+def _hub_offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def _check_source(spec: ModelSpec, key: str) -> None:
     """Checks that need no download: a path where one is needed, local dirs and the embedded GGUF exist."""
     if spec.kind in ("hub", "local") and not spec.path:
         raise ConfigError(f"{key}.path is required for kind={spec.kind!r} (a hub id or a local directory)")
+    if spec.kind == "hub" and _hub_offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(spec.path, "config.json", revision=spec.revision), str):
+            raise ConfigError(
+                f"{key}.path: {spec.path!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 "
+                f"forbids downloading it; run `huggingface-cli download {spec.path}` where there is network "
+                f"(or pass kind=local with a path to a saved copy)"
+            )
     if spec.kind == "local" and not Path(spec.path).expanduser().exists():
         raise ConfigError(f"{key}.path: local model directory {spec.path!r} does not exist")
     if spec.kind == "embedded" and not (cache_root() / CACHE_SUBDIR / "config.json").is_file():
@@ -120,14 +149,29 @@ def _check_file(path: str | None, key: str) -> None:
         raise ConfigError(f"{key}: {path!r} does not exist (relative paths start at {Path.cwd()})")
 
 
-def _check_planned_method(method: str, params: dict[str, Any]) -> None:
-    """Value checks of a method that is not implemented yet (its own fields only)."""
+def _check_trained_method(method: str, params: dict[str, Any], steering: str, cfg: DictConfig) -> str | None:
+    """Values of sd2 / distill / diversed; returns the checkpoint path (None: untrained part)."""
     if method == "diversed":
         if params.get("pool") not in POOLS:
             raise ConfigError(f"method.pool: unknown pool {params.get('pool')!r}; allowed: {list(POOLS)}")
         _check_file(params.get("head_checkpoint"), "method.head_checkpoint")
+        return params.get("head_checkpoint")
     if method == "distill":
+        if steering != "none":
+            raise ConfigError("method=distill decodes with a distilled drafter and no steering; use steering=none")
+        if not params.get("drafter_checkpoint"):
+            raise ConfigError(
+                "method=distill needs method.drafter_checkpoint=PATH (the trained.pt or last.ckpt of "
+                "task=train method=distill); for the pretrained drafter use method=sd"
+            )
         _check_file(params.get("drafter_checkpoint"), "method.drafter_checkpoint")
+        return params.get("drafter_checkpoint")
+    if steering != "sd2":
+        raise ConfigError(
+            "method=sd2 decodes with an SD²-steered drafter: add steering=sd2 and "
+            "steering.checkpoint=PATH (from task=train method=sd2 steering=sd2)"
+        )
+    return cfg.steering.checkpoint
 
 
 def _check_steering(node: DictConfig) -> str:
@@ -170,16 +214,6 @@ def _check_steering(node: DictConfig) -> str:
     return name
 
 
-def _not_implemented(key: str, requested: str, planned: str, table: dict[str, tuple[str, str, str]]) -> str:
-    what, issue, meanwhile = table[planned]
-    alias = f" (alias of {planned!r})" if requested != planned else ""
-    return (
-        f"{key}={requested!r}{alias} selects {what}, which is not implemented yet in this version of "
-        f"specbench (it lands with {issue}); the config composes and its values are valid. "
-        f"Meanwhile use {meanwhile}."
-    )
-
-
 def _check_shards(num_shards: int, shard_id: int) -> None:
     if num_shards < 1:
         raise ConfigError(f"eval.num_shards must be >= 1, got {num_shards}")
@@ -196,14 +230,16 @@ def validate(cfg: DictConfig) -> RunPlan:
     requested = method_cfg.pop("name")
     method = METHOD_ALIASES.get(requested, requested)
     rule: VerificationRule | None = None
-    if method in PLANNED_METHODS:
-        _check_planned_method(method, method_cfg)
+    steering = _check_steering(cfg.steering)
+    checkpoint = None
+    if method in TRAINED_METHODS:
+        checkpoint = _check_trained_method(method, method_cfg, steering, cfg)
+        rule = VerificationRule() if method != "diversed" else None  # diversed: built with its head
     else:
         if method not in METHODS:
-            allowed = sorted({*METHODS, *PLANNED_METHODS, *METHOD_ALIASES})
+            allowed = sorted({*METHODS, *TRAINED_METHODS, *METHOD_ALIASES})
             raise ConfigError(f"method.name: unknown method {requested!r}; allowed: {allowed}")
         rule = _checked("method", build_rule, method, **method_cfg)
-    steering = _check_steering(cfg.steering)
     schedule = _checked("schedule", DraftSchedule, **OmegaConf.to_container(cfg.schedule, resolve=True))
     gen = OmegaConf.to_container(cfg.gen, resolve=True)
     batch_size = gen.pop("batch_size")
@@ -233,9 +269,126 @@ def validate(cfg: DictConfig) -> RunPlan:
         _check_source(drafter, "model.drafter")
     _check_dataset(cfg.dataset)
     _check_scoring(cfg.scoring)
-    # Last, so that every other value of a preset for a planned method is checked too.
-    if method in PLANNED_METHODS:
-        raise ConfigError(_not_implemented("method.name", requested, method, PLANNED_METHODS))
-    if steering in PLANNED_STEERING:
-        raise ConfigError(_not_implemented("steering.name", steering, steering, PLANNED_STEERING))
-    return RunPlan(method, rule, schedule, settings, batch_size, verifier, drafter, device, dtype)
+    steering_node = OmegaConf.to_container(cfg.steering, resolve=True) if steering != "none" else None
+    if steering_node is not None and drafter is None:
+        raise ConfigError("steering=sd2 steers a drafter, but method=auto has none; use method=sd2")
+    return RunPlan(
+        method, rule, schedule, settings, batch_size, verifier, drafter, device, dtype,
+        steering=steering_node, checkpoint=checkpoint, pool=method_cfg.get("pool", "linear"),
+    )
+
+
+TRAIN_LOSSES = ("kl", "rkl", "tvd")
+TRAIN_OFFSETS = ("random", "blocked")
+REGULARIZERS = ("tv", "l2")
+
+
+def _check_train_values(train: dict[str, Any]) -> None:
+    positive = ("max_steps", "batch_size", "accumulate_grad_batches", "max_offset", "val_every_steps",
+                "checkpoint_every_steps", "lora_rank", "lora_alpha", "rollouts_per_prompt")
+    for key in positive:
+        if train[key] < 1:
+            raise ConfigError(f"train.{key} must be >= 1, got {train[key]}")
+    for key in ("warmup_steps", "val_batches", "val_prompts", "num_workers", "weight_decay", "grad_clip",
+                "lr_end", "regularizer_weight", "rollout_temperature"):
+        if train[key] < 0:
+            raise ConfigError(f"train.{key} must be >= 0, got {train[key]}")
+    if train["lr_start"] <= 0:
+        raise ConfigError(f"train.lr_start must be > 0, got {train['lr_start']}")
+    if train["lr_end"] > train["lr_start"]:
+        raise ConfigError(f"train.lr_end ({train['lr_end']}) must be <= train.lr_start ({train['lr_start']})")
+    for key, allowed in (("loss", TRAIN_LOSSES), ("offset", TRAIN_OFFSETS), ("regularizer", REGULARIZERS)):
+        if train[key] not in allowed:
+            raise ConfigError(f"train.{key}: unknown {train[key]!r}; allowed: {list(allowed)}")
+    if not 0.0 <= train["baseline_ema"] < 1.0:
+        raise ConfigError(f"train.baseline_ema must be in [0, 1), got {train['baseline_ema']}")
+    if not 0.0 <= train["target_weight"] <= 1.0:
+        raise ConfigError(f"train.target_weight must be in [0, 1], got {train['target_weight']}")
+
+
+def data_paths(value: Any) -> list[str]:
+    """``train.data``: one path, a comma-separated string, or a list."""
+    if value is None:
+        return []
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return [str(Path(str(item).strip()).expanduser()) for item in items if str(item).strip()]
+
+
+def validate_train(cfg: DictConfig) -> TrainPlan:
+    """Validate ``task=train`` (method sd2 | distill | diversed) before any model loads."""
+    requested = cfg.method.name
+    method = METHOD_ALIASES.get(requested, requested)
+    if method not in TRAINED_METHODS:
+        raise ConfigError(
+            f"task=train trains method=sd2, distill or diversed; method={requested!r} has nothing to train"
+        )
+    steering = _check_steering(cfg.steering)
+    train = OmegaConf.to_container(cfg.train, resolve=True)
+    _check_train_values(train)
+    if method == "sd2" and steering != "sd2":
+        raise ConfigError("task=train method=sd2 trains an SD² steering head: add steering=sd2")
+    if method != "sd2" and steering != "none":
+        raise ConfigError(f"task=train method={method} trains no steering; use steering=none")
+    if method == "distill" and cfg.steering.finetune_drafter == "none":
+        raise ConfigError(
+            "task=train method=distill with steering.finetune_drafter=none would train nothing; use full or lora"
+        )
+    if method == "diversed" and cfg.method.pool not in POOLS:
+        raise ConfigError(f"method.pool: unknown pool {cfg.method.pool!r}; allowed: {list(POOLS)}")
+    data = data_paths(train["data"])
+    if method in ("sd2", "distill"):
+        if not data:
+            raise ConfigError(
+                f"task=train method={method} needs train.data=DIR (the output dir of task=synth; several "
+                "shard dirs comma separated)"
+            )
+        for path in data:
+            _check_file(path, "train.data")
+    else:
+        _check_dataset(cfg.dataset)
+        _check_scoring(cfg.scoring)
+    device = _checked("runtime.device", resolve_device, cfg.runtime.device)
+    dtype = _checked("runtime.dtype", resolve_dtype, cfg.runtime.dtype, device)
+    if cfg.runtime.num_threads is not None and cfg.runtime.num_threads < 1:
+        raise ConfigError(f"runtime.num_threads must be >= 1 or null, got {cfg.runtime.num_threads}")
+    verifier = _model_spec(cfg.model.verifier, "model.verifier")
+    if verifier.kind not in VERIFIER_KINDS:
+        raise ConfigError(f"model.verifier.kind={verifier.kind!r} is only valid for a drafter")
+    _check_source(verifier, "model.verifier")
+    drafter = _model_spec(cfg.model.drafter, "model.drafter")
+    if drafter.kind == "none":
+        raise ConfigError(f"task=train method={method} trains with a drafter; model.drafter.kind is 'none'")
+    _check_source(drafter, "model.drafter")
+    return TrainPlan(method, verifier, drafter, device, dtype, data)
+
+
+def validate_synth(cfg: DictConfig) -> RunPlan:
+    """Validate a ``task=synth`` config (``synth.*``, verifier, dataset, runtime); loads no model.
+
+    The plan samples from the verifier alone (method ``auto``, no drafter); ``settings.max_new_tokens``
+    is the most a row can get (``synth.target_len - 1``). Raises ConfigError naming the bad key.
+    """
+    from specbench.data.synthetic import SynthSettings
+
+    synth = _checked("synth", SynthSettings.from_config, cfg.synth)
+    settings = _checked(
+        "synth",
+        GenerationSettings,
+        max_new_tokens=synth.target_len - 1,
+        temperature=synth.temperature,
+        top_k=synth.top_k,
+        top_p=synth.top_p,
+        seed=synth.seed,
+    )
+    device = _checked("runtime.device", resolve_device, cfg.runtime.device)
+    dtype = _checked("runtime.dtype", resolve_dtype, cfg.runtime.dtype, device)
+    if cfg.runtime.num_threads is not None and cfg.runtime.num_threads < 1:
+        raise ConfigError(f"runtime.num_threads must be >= 1 or null, got {cfg.runtime.num_threads}")
+    verifier = _model_spec(cfg.model.verifier, "model.verifier")
+    if verifier.kind not in VERIFIER_KINDS:
+        raise ConfigError(
+            f"model.verifier.kind={verifier.kind!r} is only valid for a drafter; allowed: {list(VERIFIER_KINDS)}"
+        )
+    _check_source(verifier, "model.verifier")
+    _check_dataset(cfg.dataset)
+    return RunPlan("auto", None, DraftSchedule(), settings, synth.batch_size, verifier, None, device, dtype)

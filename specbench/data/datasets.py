@@ -15,6 +15,7 @@ and its metric. Sources, in order:
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -28,6 +29,7 @@ from specbench.data.templates import encode_prompt, has_chat_template
 
 FORMATS = ("auto", "chat", "plain", "fewshot")
 METRIC_NAMES = ("none", "rouge", "bleu", "exact_match", "pass@1", "spec_bench")
+SUBSETS = ("all", "train", "heldout")
 MT_BENCH_CATEGORIES = (
     "writing",
     "roleplay",
@@ -150,6 +152,8 @@ class DatasetSettings:
     reference_field: str | None = None
     metric: str | None = None
     categories: list[str] | None = None
+    subset: str = "all"  # all | train | heldout (a fixed split by prompt id, before limit / seed)
+    heldout_fraction: float = 0.2
 
     @property
     def spec(self) -> DatasetSpec:
@@ -182,6 +186,9 @@ class DatasetSettings:
         described = {"dataset_source": source, "dataset_metric": self.metric or "none"}
         if self.categories:
             described["dataset_categories"] = ",".join(self.categories)
+        described["dataset_subset"] = self.subset
+        if self.subset != "all":
+            described["dataset_heldout_fraction"] = self.heldout_fraction
         return described
 
 
@@ -261,6 +268,60 @@ def _check_values(s: DatasetSettings) -> None:
         raise ValueError(f"dataset.path is required for dataset={s.name}: pass dataset.path=FILE.{suffix}")
     if s.name == "wmt" and len(_language_pair(s)) != 2:
         raise ValueError(f"dataset.hf_config: expected a language pair like 'de-en', got {s.hf_config!r}")
+    if s.subset not in SUBSETS:
+        raise ValueError(f"dataset.subset: unknown subset {s.subset!r}; allowed: {list(SUBSETS)}")
+    fraction = s.heldout_fraction
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
+        raise ValueError(f"dataset.heldout_fraction must be in (0, 1), got {fraction!r}")
+
+
+# -- train / heldout split ----------------------------------------------------------------------------
+
+
+def heldout_score(dataset_name: str, prompt_id: Any) -> float:
+    """A stable number in [0, 1) from sha256 of ``"<dataset name>:<prompt id>"`` (the same on every
+    machine and run, whatever the order, limit or seed of the prompt set)."""
+    digest = hashlib.sha256(f"{dataset_name}:{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def in_subset(dataset_name: str, prompt_id: Any, subset_name: str, heldout_fraction: float) -> bool:
+    """Whether the prompt ``prompt_id`` belongs to ``subset_name`` (all | train | heldout).
+
+    A prompt is heldout iff :func:`heldout_score` < ``heldout_fraction``; train is the rest.
+    """
+    if subset_name == "all":
+        return True
+    heldout = heldout_score(dataset_name, prompt_id) < heldout_fraction
+    if subset_name == "heldout":
+        return heldout
+    if subset_name == "train":
+        return not heldout
+    raise ValueError(f"dataset.subset: unknown subset {subset_name!r}; allowed: {list(SUBSETS)}")
+
+
+# Row fields that name a prompt, in the order :func:`_to_prompt` uses them (after the builder's own).
+_ROW_ID_FIELDS = {"humaneval": "task_id", "mbpp": "task_id", "ultrachat": "prompt_id",
+                  "mt_bench": "question_id", "spec_bench": "question_id"}  # fmt: skip
+
+
+def _id_fields(s: DatasetSettings) -> tuple[str, ...]:
+    own = (_ROW_ID_FIELDS[s.name],) if s.name in _ROW_ID_FIELDS else ()
+    return tuple(dict.fromkeys((*own, "id", "question_id")))
+
+
+def _row_id(number: int, row: dict[str, Any], s: DatasetSettings) -> Any:
+    """The id :func:`_to_prompt` gives this row (without building its prompt): the first of the
+    dataset's own id field, ``id`` and ``question_id`` that is set, else the row number."""
+    return next((row[name] for name in _id_fields(s) if row.get(name) is not None), number)
+
+
+def _keep_subset(
+    rows: list[tuple[int, dict[str, Any]]], s: DatasetSettings
+) -> list[tuple[int, dict[str, Any]]]:
+    if s.subset == "all":
+        return rows
+    return [(n, r) for n, r in rows if in_subset(s.name, _row_id(n, r, s), s.subset, s.heldout_fraction)]
 
 
 # -- sources -----------------------------------------------------------------------------------------
@@ -410,7 +471,20 @@ def _hub_rows(s: DatasetSettings) -> list[tuple[int, dict[str, Any]]]:
             data = datasets.load_dataset(s.hf_id, s.hf_config, split=s.split)
     except Exception as err:
         raise _unavailable(s, err) from err
-    indices = subset(list(range(len(data))), s.limit, s.seed)
+    indices = list(range(len(data)))
+    if s.subset != "all":  # decided on the id columns only, before limit / seed
+        columns = [list(data[name]) for name in _id_fields(s) if name in data.column_names]
+        indices = [
+            i
+            for i in indices
+            if in_subset(
+                s.name,
+                next((column[i] for column in columns if column[i] is not None), i + 1),
+                s.subset,
+                s.heldout_fraction,
+            )
+        ]
+    indices = subset(indices, s.limit, s.seed)
     return [(i + 1, dict(data[i])) for i in indices]
 
 
@@ -611,22 +685,28 @@ def _to_prompt(number: int, row: dict[str, Any], where: str, s: DatasetSettings)
 
 
 def load_dataset_prompts(settings: DatasetSettings | Any) -> list[Prompt]:
-    """The prompts of a ``dataset`` config (node, mapping or settings): source → categories → subset.
+    """The prompts of a ``dataset`` config (node, mapping or settings): source → categories → train /
+    heldout part (``dataset.subset``, by a hash of the prompt id) → ``limit`` / ``seed``.
 
     Raises DatasetUnavailableError (a FileNotFoundError) when the data is not here, ValueError naming
     file and row for a row that does not fit the dataset's schema.
     """
     s = settings if isinstance(settings, DatasetSettings) else dataset_settings(settings)
-    if s.name == "demo":
-        return load_demo(s.limit, s.seed)
-    if s.name == "jsonl" and s.reference_field == "reference" and not s.categories:
-        check_source(s)
-        return load_jsonl(s.path, s.limit, s.seed, s.prompt_field)
+    if s.name == "demo" or (s.name == "jsonl" and s.reference_field == "reference" and not s.categories):
+        if s.name == "jsonl":
+            check_source(s)
+        if s.subset == "all":
+            if s.name == "demo":
+                return load_demo(s.limit, s.seed)
+            return load_jsonl(s.path, s.limit, s.seed, s.prompt_field)
+        prompts = load_demo() if s.name == "demo" else load_jsonl(s.path, prompt_field=s.prompt_field)
+        prompts = [p for p in prompts if in_subset(s.name, p.id, s.subset, s.heldout_fraction)]
+        return subset(prompts, s.limit, s.seed)
     rows, origin = _source_rows(s)
     if s.categories:
         rows = [(n, r) for n, r in rows if r.get("category") in s.categories]
-    if not (s.spec.source == "hub" and not s.path):  # hub rows were subset before conversion
-        rows = subset(rows, s.limit, s.seed)
+    if not (s.spec.source == "hub" and not s.path):  # hub rows were split and subset before conversion
+        rows = subset(_keep_subset(rows, s), s.limit, s.seed)
     return [_to_prompt(number, row, f"{origin}:{number}", s) for number, row in rows]
 
 

@@ -7,6 +7,7 @@ emits one correction or bonus token. With no drafter the same loop is autoregres
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from specbench.decoding.rules import VerificationRule
 from specbench.decoding.schedules import DraftSchedule
 from specbench.decoding.verification import verify_round
 from specbench.decoding.warping import Warping, sample
+from specbench.drafters.steering import SteeredDrafter, verifier_features
 from specbench.models.devices import synchronize
 
 
@@ -53,6 +55,7 @@ class RoundRecord:
     verify_time: float  # seconds of the whole batch's verification forward in this round
     draft_forwards: int
     mean_draft_weight: float | None = None
+    draft_weights: list[float] | None = None  # per drafted position (ensemble rules with learned weights)
 
 
 @dataclass
@@ -94,7 +97,11 @@ class SpeculativeEngine:
         vocab_size: int | None = None,
         eos_token_ids: tuple[int, ...] | list[int] = (),
         pad_token_id: int = 0,
+        steering: SteeredDrafter | None = None,
     ):
+        if steering is not None and drafter is None:
+            raise ValueError("SD² steering needs a drafter")
+        self.steering = steering
         vocab_size = vocab_size or verifier.config.vocab_size
         self.verifier = CachedModel(verifier, vocab_size)
         self.drafter = CachedModel(drafter, vocab_size) if drafter is not None else None
@@ -138,8 +145,15 @@ class SpeculativeEngine:
         context, context_valid = state.tokens[:, :-1], state.token_valid[:, :-1]
         for model in self._models():
             model.reset(state.size)
-            if context.shape[1] > 0:
-                model.forward(context, context_valid)
+        if context.shape[1] == 0:
+            return
+        out = self.verifier.forward(context, context_valid, output_all_hidden=self.steering is not None)
+        if self.steering is not None:
+            # Round 1 drafts from the last prompt token; its steering source is the state just before it.
+            features = verifier_features(out.hidden_states, self.steering.spec.v_layers)
+            state.steer_source, state.steer_valid = features[:, -1], context_valid[:, -1].clone()
+        if self.drafter is not None:
+            self.drafter.forward(context, context_valid)
 
     def _round(self, state: _BatchState, results: list[SampleResult]) -> None:
         budget = state.remaining() - 1
@@ -152,12 +166,20 @@ class SpeculativeEngine:
         columns = torch.arange(gamma + 1, device=self.device).unsqueeze(0)
         verifier_valid = columns <= draft_lens.unsqueeze(1)
         needs_hidden = self.rule.requires_hidden_states and gamma > 0
-        out = self.verifier.forward(verifier_input, verifier_valid, output_hidden=needs_hidden)
+        out = self.verifier.forward(
+            verifier_input, verifier_valid, output_hidden=needs_hidden, output_all_hidden=self.steering is not None
+        )
         p = self.warping.probs(out.logits)
         weights = None
         if needs_hidden:
             weights = self.rule.position_weights(drafter_hidden, out.hidden[:, :gamma])
         verdict = verify_round(self.rule, p, q, drafts, draft_lens, self.warping.greedy, self.generator, weights)
+        if self.steering is not None:
+            # The next round is steered by the state whose input is the last accepted token (methods.md §4.5).
+            features = verifier_features(out.hidden_states, self.steering.spec.v_layers)
+            rows = torch.arange(state.size, device=self.device)
+            state.steer_source = features[rows, verdict.accepted]
+            state.steer_valid = torch.ones(state.size, dtype=torch.bool, device=self.device)
         t2 = self.clock.now()
         self._commit(state, results, drafts, draft_lens, verdict.accepted, verdict.next_token, weights,
                      draft_time=t1 - t0, verify_time=t2 - t1, draft_forwards=draft_forwards)
@@ -170,10 +192,19 @@ class SpeculativeEngine:
             empty = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
             return empty, torch.zeros(batch, 0, vocab, device=self.device), caps * 0, 0, None
         want_hidden = self.rule.requires_hidden_states
+        step_input, step_valid = state.pending_for(self.drafter.num_valid)
+        steer = contextlib.nullcontext()
+        if self.steering is not None and state.steer_source is not None:
+            # One steering vector per row for the whole round, from the verifier feature (no extra pass).
+            steer = self.steering.steer(self.steering.deltas(state.steer_source, state.steer_valid))
+        with steer:
+            return self._draft_steps(state, caps, step_input, step_valid, max_len, want_hidden)
+
+    def _draft_steps(self, state, caps, step_input, step_valid, max_len, want_hidden):
+        batch = state.size
         drafts, probs, hiddens = [], [], []
         drafting = caps > 0
         lengths = torch.zeros(batch, dtype=torch.long, device=self.device)
-        step_input, step_valid = state.pending_for(self.drafter.num_valid)
         forwards = 0
         for _ in range(max_len):
             out = self.drafter.forward(step_input, step_valid, output_hidden=want_hidden)
@@ -214,12 +245,13 @@ class SpeculativeEngine:
                 emitted = emitted[: eos_at + 1]
                 result.finished_by_eos = True
             kept_drafts = min(n, len(emitted))
-            mean_weight = None
+            mean_weight, row_weights = None, None
             if weights is not None and lens_list[row] > 0:
-                mean_weight = float(weights[row, : lens_list[row]].mean())
+                row_weights = [float(w) for w in weights[row, : lens_list[row]].tolist()]
+                mean_weight = sum(row_weights) / len(row_weights)
             result.rounds.append(RoundRecord(
                 drafted=lens_list[row], accepted=kept_drafts, emitted=len(emitted),
-                mean_draft_weight=mean_weight, **timing,
+                mean_draft_weight=mean_weight, draft_weights=row_weights, **timing,
             ))
             result.output_ids.extend(emitted)
             finished[row] = eos_at is not None or len(result.output_ids) >= max_new
@@ -246,6 +278,8 @@ class _BatchState:
         self.gammas = gammas
         self.sample_index = list(range(tokens.shape[0]))
         self.generated = generated
+        self.steer_source: torch.Tensor | None = None  # (B, 3·H_V) SD² steering source of the next round
+        self.steer_valid: torch.Tensor | None = None  # (B,) False: no source yet (one-token prompt)
         self._max_new = max_new
         self._eos = eos
         self.pad_id = pad_id
@@ -307,6 +341,8 @@ class _BatchState:
         self.tokens, self.token_valid = _right_align(self.tokens[rows], self.token_valid[rows])
         self.gammas = self.gammas[rows]
         self.generated = self.generated[rows]
+        if self.steer_source is not None:
+            self.steer_source, self.steer_valid = self.steer_source[rows], self.steer_valid[rows]
         self.sample_index = [self.sample_index[i] for i in rows.tolist()]
 
 

@@ -33,6 +33,21 @@ def per_position_acceptance(results: Sequence[SampleResult]) -> list[float]:
     return rates
 
 
+def per_position_draft_weight(results: Sequence[SampleResult]) -> list[float]:
+    """Mean draft weight of drafted position k = 1..max over the rounds that drafted it (learned ensembles)."""
+    sums: list[float] = []
+    counts: list[int] = []
+    for res in results:
+        for record in res.rounds:
+            for k, weight in enumerate(record.draft_weights or ()):
+                if k == len(sums):
+                    sums.append(0.0)
+                    counts.append(0)
+                sums[k] += weight
+                counts[k] += 1
+    return [s / c for s, c in zip(sums, counts)]
+
+
 def summarize(
     results: Sequence[SampleResult],
     wall_time: float,
@@ -71,6 +86,8 @@ def summarize(
     weights = [r.mean_draft_weight for r in rounds if r.mean_draft_weight is not None]
     if weights:
         metrics["mean_draft_weight"] = sum(weights) / len(weights)
+    for k, value in enumerate(per_position_draft_weight(results), start=1):
+        metrics[f"draft_weight_pos_{k}"] = value
     if baseline_tokens_per_s:
         metrics["baseline_tokens_per_s"] = baseline_tokens_per_s
         metrics["speedup"] = metrics["tokens_per_s"] / baseline_tokens_per_s

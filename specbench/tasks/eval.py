@@ -25,6 +25,7 @@ from specbench.models.loading import LoadedModel, load_drafter, load_verifier
 from specbench.models.pair import PairMismatchError
 from specbench.scoring import ScoringOptions, score_run
 from specbench.tasks.base import Task, output_dir
+from specbench.tasks.method_parts import load_method_parts
 from specbench.tracking.run import flatten, may_change_on_rerun
 
 METRICS_FILE = "metrics.json"
@@ -71,6 +72,9 @@ class SampleWriter:
             }
             if prompt.reference is not None:
                 row["reference"] = prompt.reference
+            drafted_weights = [w for r in result.rounds for w in (r.draft_weights or ())]
+            if drafted_weights:  # learned ensembles: mean draft weight over the sample's drafted tokens
+                row["mean_draft_weight"] = sum(drafted_weights) / len(drafted_weights)
             if baseline is not None:
                 row["baseline_tokens_per_s"] = baseline[position].tokens_per_s
                 row["matches_baseline"] = baseline[position].output_ids == result.output_ids
@@ -118,13 +122,16 @@ class EvalTask(Task):
             torch.set_num_threads(cfg.runtime.num_threads)
         started = time.perf_counter()
         verifier, drafter = self._load_models(plan)
-        load_s = time.perf_counter() - started
         try:
+            parts = load_method_parts(plan, verifier, drafter)
             engine, baseline = build_engines(
-                verifier, drafter, plan.rule, plan.schedule, plan.settings, baseline=cfg.eval.baseline
+                verifier, parts.drafter, parts.rule, plan.schedule, plan.settings, baseline=cfg.eval.baseline,
+                steering=parts.steering,
             )
         except PairMismatchError as err:
             raise ConfigError(f"model.drafter does not fit model.verifier: {err}") from err
+        drafter = parts.drafter
+        load_s = time.perf_counter() - started
         self.tracker.set_tags(
             {
                 "specbench.method": plan.method,
@@ -256,6 +263,8 @@ class EvalTask(Task):
         }
         if plan.rule is not None:
             described.update({f"method_{k}": v for k, v in plan.rule.describe().items() if k != "rule"})
+        if plan.method in ("sd2", "distill", "diversed"):
+            described["method_checkpoint"] = plan.checkpoint or "none (untrained)"
         return described
 
 

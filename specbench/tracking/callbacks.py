@@ -17,6 +17,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,52 @@ from specbench.tracking.run import (
 )
 
 UNFINISHED = ("FAILED", "KILLED", "RUNNING", "SCHEDULED")
+SUBMITTER_HOST = "specbench.submitter_host"
+SUBMITTER_PID = "specbench.submitter_pid"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def close_orphaned_sweeps(client: Any, experiment_ids: list[str]) -> list[str]:
+    """Mark KILLED the RUNNING sweep parents of this host whose submitting process is gone.
+
+    A submitter killed with SIGKILL (or a lost node) runs no exit hook, so its parent run would stay
+    RUNNING forever; the next sweep (or report) from the same host closes it. Returns the run ids closed.
+    """
+    host = socket.gethostname()
+    runs = store.retry(
+        client.search_runs,
+        experiment_ids,
+        filter_string=f"attributes.status = 'RUNNING' and tags.`specbench.role` = 'sweep' and tags.`{SUBMITTER_HOST}` = '{host}'",
+        max_results=1000,
+    )
+    closed = []
+    for run in runs:
+        pid = run.data.tags.get(SUBMITTER_PID, "")
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        message = f"the submitting process (pid {pid} on {host}) died without ending this sweep; closed by a later launch"
+        doomed = [run]
+        if run.data.tags.get("specbench.launcher") == "BasicLauncher":  # its jobs ran in that process too
+            doomed += store.retry(
+                client.search_runs,
+                [run.info.experiment_id],
+                filter_string=f"attributes.status = 'RUNNING' and tags.`{PARENT_TAG}` = '{run.info.run_id}'",
+            )
+        for each in doomed:
+            with contextlib.suppress(Exception):
+                store.retry(client.set_tag, each.info.run_id, "specbench.error", message)
+                store.retry(client.set_terminated, each.info.run_id, "KILLED")
+                closed.append(each.info.run_id)
+    return closed
 
 
 class MlflowSweepCallback(Callback):
@@ -60,6 +108,7 @@ class MlflowSweepCallback(Callback):
             client, store.experiment_name(tracking.get("experiment"), kind), uri
         )
         record_path = sweep_dir / PARENT_FILE
+        close_orphaned_sweeps(client, [experiment_id])
         run_id = self._reopen(client, read_record(record_path), uri)
         overrides = list(config.hydra.overrides.task)
         varying = swept_keys(overrides)
@@ -78,6 +127,8 @@ class MlflowSweepCallback(Callback):
             "specbench.overrides": json.dumps(overrides),
             "specbench.launcher": launcher.rsplit(".", 1)[-1],
             "specbench.command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            SUBMITTER_HOST: socket.gethostname(),
+            SUBMITTER_PID: str(os.getpid()),
         }
         tags.update({str(k): str(v) for k, v in (tracking.get("tags") or {}).items()})
         for key, value in tags.items():

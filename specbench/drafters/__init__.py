@@ -1,0 +1,1 @@
+"""Drafter add-ons: SD² steering (steering.py) and trained-drafter checkpoints (checkpoint.py)."""

@@ -1,0 +1,96 @@
+"""``task=train``: train a drafter (``method=distill``), an SD² steered drafter (``method=sd2``) or the
+DIVERSED weight head (``method=diversed``) with Lightning, log into the task's MLflow run, and export
+the trained part as ``trained.pt`` (what ``task=eval`` loads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from specbench.config.validate import ConfigError, TrainPlan, validate_train
+from specbench.evaluation import eos_token_ids, pad_token_id
+from specbench.models.loading import LoadedModel, load_drafter, load_verifier
+from specbench.models.pair import PairMismatchError, shared_vocab_size
+from specbench.tasks.base import Task, output_dir
+from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
+
+TRAINED_FILE = "trained.pt"
+SUMMARY_FILE = "train_metrics.json"
+
+
+class TrainTask(Task):
+    """validate → models → module + data for the method → Lightning fit (resuming last.ckpt) → trained.pt."""
+
+    plan: TrainPlan | None = None
+
+    def check(self) -> None:
+        self.plan = validate_train(self.cfg)
+
+    def run_dir(self) -> Path | None:
+        configured = self.cfg.train.output_dir
+        return Path(configured).expanduser() if configured else super().run_dir()
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        plan = self.plan or validate_train(cfg)
+        out = output_dir(cfg.train.output_dir, "train.output_dir")
+        if cfg.runtime.num_threads is not None:
+            torch.set_num_threads(cfg.runtime.num_threads)
+        L.seed_everything(cfg.train.seed, workers=True, verbose=False)
+        verifier = load_verifier(plan.verifier, plan.device, plan.dtype)
+        drafter = load_drafter(plan.drafter, verifier, plan.device, plan.dtype)
+        try:
+            vocab = shared_vocab_size(verifier.model, drafter.model, verifier.tokenizer, drafter.tokenizer)
+        except PairMismatchError as err:
+            raise ConfigError(f"model.drafter does not fit model.verifier: {err}") from err
+        module, data = self._build(plan, verifier, drafter, vocab)
+        trainer, metrics = build_trainer(
+            cfg.train, out, self.tracker, plan.device, automatic_optimization=module.automatic_optimization
+        )
+        resume = last_checkpoint(out) if cfg.train.resume else None
+        if resume is not None:
+            print(f"resuming from {resume}")
+        self.tracker.set_tags({
+            "specbench.method": plan.method,
+            "specbench.verifier": verifier.name,
+            "specbench.drafter": drafter.name,
+            "specbench.resumed_from": str(resume) if resume else "",
+        })
+        trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
+        metadata = {**module.metadata(), "global_step": trainer.global_step}
+        trained = export_trained(module, metadata, out / TRAINED_FILE)
+        summary = {"final_" + k.replace("/", "_"): v for k, v in metrics.last.items() if "/" in k}
+        summary.update(global_step=trainer.global_step, trainable_parameters=_trainable(module))
+        (out / SUMMARY_FILE).write_text(json.dumps({**summary, "checkpoint": str(trained)}, indent=2) + "\n")
+        self.tracker.set_tags({"specbench.checkpoint": str(trained.resolve())})
+        self.tracker.log_artifact(out / SUMMARY_FILE)
+        print(f"trained {plan.method}: step {trainer.global_step}, checkpoint {trained}")
+        return summary
+
+    def _build(self, plan: TrainPlan, verifier: LoadedModel, drafter: LoadedModel, vocab: int):
+        eos = eos_token_ids(verifier.model, verifier.tokenizer)
+        pad = pad_token_id(verifier.tokenizer, eos)
+        if plan.method in ("sd2", "distill"):
+            from specbench.training.drafter import build_drafter_training
+
+            try:
+                return build_drafter_training(self.cfg, plan.method, verifier, drafter, vocab, eos, pad)
+            except (FileNotFoundError, ValueError) as err:
+                if isinstance(err, ConfigError):
+                    raise
+                raise ConfigError(str(err)) from err
+        from specbench.data.datasets import DatasetUnavailableError, load_dataset_prompts
+        from specbench.training.diversed import build_diversed_training
+
+        try:
+            prompts = load_dataset_prompts(self.cfg.dataset)
+        except DatasetUnavailableError as err:
+            raise ConfigError(str(err)) from err
+        return build_diversed_training(self.cfg, verifier, drafter, prompts)
+
+
+def _trainable(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)

@@ -1,0 +1,289 @@
+"""Distillation and SD² training of a drafter on synthetic verifier samples (methods.md §4, §6).
+
+Per batch: the frozen verifier's next-token distributions (and, for SD², its features at
+``v_layers``) under no_grad; the drafter's distributions, steered (SD²) by the verifier feature
+``offset`` positions back; a divergence averaged over the response positions (loss mask).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from transformers import PreTrainedModel
+
+from specbench.decoding.engine import GenerationSettings, SpeculativeEngine
+from specbench.decoding.schedules import DraftSchedule
+from specbench.drafters.steering import SteeredDrafter, verifier_features
+from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
+
+LOSSES = ("kl", "rkl", "tvd")
+OFFSET_MODES = ("random", "blocked")
+VAL_MAX_NEW_TOKENS = 32
+
+
+def divergence(p_logits: torch.Tensor, q_logits: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-position divergence between verifier (p) and drafter (q) logits (N, V) → (N,)."""
+    log_p = F.log_softmax(p_logits.float(), dim=-1)
+    log_q = F.log_softmax(q_logits.float(), dim=-1)
+    if kind == "kl":
+        return (log_p.exp() * (log_p - log_q)).sum(-1)
+    if kind == "rkl":
+        return (log_q.exp() * (log_q - log_p)).sum(-1)
+    if kind == "tvd":
+        return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
+    raise ValueError(f"train.loss must be one of {list(LOSSES)}, got {kind!r}")
+
+
+def predict_mask(loss_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions whose next token is a response token: position t predicts token t + 1."""
+    mask = torch.zeros_like(loss_mask, dtype=torch.bool)
+    mask[:, :-1] = loss_mask[:, 1:].bool()
+    return mask
+
+
+def steering_sources(
+    mode: str, offset: int, prompt_len: torch.Tensor, length: int, max_offset: int, phase: int = 0
+) -> torch.Tensor:
+    """(B, T) position of the verifier feature that steers each drafter position; -1: not steered.
+
+    ``random``: position t is steered by t − offset (one offset per batch, in [1, k]).
+    ``blocked``: response positions fall into rounds of k (the first one shortened by ``phase``), as in
+    decoding; a position is steered by the position just before its round's first position, so its
+    distance to the source runs 1..k within the round.
+    """
+    positions = torch.arange(length, device=prompt_len.device).unsqueeze(0).expand(prompt_len.shape[0], -1)
+    if mode == "random":
+        sources = positions - offset
+    elif mode == "blocked":
+        first = (prompt_len - 1).unsqueeze(1)  # the first position that predicts a response token
+        rel = positions - first
+        start = torch.where(rel < max_offset - phase, 0, torch.div(rel + phase, max_offset, rounding_mode="floor") * max_offset - phase)
+        sources = first + start - 1
+        sources = torch.where(rel >= 0, sources, torch.full_like(sources, -1))
+    else:
+        raise ValueError(f"train.offset must be one of {list(OFFSET_MODES)}, got {mode!r}")
+    return torch.where(sources >= 0, sources, torch.full_like(sources, -1))
+
+
+def pad_batch(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad synthetic rows into input_ids / attention_mask / loss_mask / prompt_len tensors."""
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    loss = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        ids[i, :n] = torch.tensor(row["input_ids"])
+        attention[i, :n] = 1
+        loss[i, :n] = torch.tensor(row["loss_mask"])
+    prompt_len = torch.tensor([int(r["prompt_len"]) for r in rows], dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss, "prompt_len": prompt_len}
+
+
+class SyntheticDataModule(L.LightningDataModule):
+    """Shuffled (seeded) training rows and in-order validation rows of a task=synth dataset."""
+
+    def __init__(self, data: Any, batch_size: int, pad_id: int, seed: int = 0, num_workers: int = 0):
+        super().__init__()
+        self.data, self.batch_size, self.pad_id = data, batch_size, pad_id
+        self.seed, self.num_workers = seed, num_workers
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        rows = self.data[split].select_columns(["input_ids", "loss_mask", "prompt_len"])
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(
+            rows, batch_size=self.batch_size, shuffle=shuffle, generator=generator,
+            num_workers=self.num_workers, collate_fn=lambda batch: pad_batch(batch, self.pad_id),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", shuffle=False)
+
+
+class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
+    """Train a drafter (distillation) or a steered drafter (SD²) against a frozen verifier."""
+
+    def __init__(
+        self,
+        verifier: PreTrainedModel,
+        drafter: PreTrainedModel,
+        steering: SteeredDrafter | None,
+        train: Any,
+        vocab_size: int,
+        metadata: dict,
+        val_prompts: list[list[int]] = (),
+        eos_token_ids: list[int] = (),
+        pad_token_id: int = 0,
+    ):
+        super().__init__()
+        self._verifier = [verifier]  # frozen and not a submodule: never saved, never handed to the optimiser
+        self.drafter = drafter
+        self.steering = steering
+        self.train_cfg = train
+        self.vocab_size = vocab_size
+        self._metadata = metadata
+        self.val_prompts = [list(p) for p in val_prompts]
+        self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
+
+    @property
+    def verifier(self) -> PreTrainedModel:
+        return self._verifier[0]
+
+    def metadata(self) -> dict:
+        return dict(self._metadata)
+
+    def on_fit_start(self) -> None:
+        self.verifier.to(self.device)
+
+    def _offset(self, training: bool, batch_idx: int) -> tuple[int, int]:
+        """(offset, blocked-mode phase) for this batch: seeded by step, so a resumed run draws the same."""
+        k = self.train_cfg.max_offset
+        if not training:
+            return 1 + batch_idx % k, 0
+        generator = torch.Generator().manual_seed(self.train_cfg.seed * 1_000_003 + self.global_step)
+        offset = int(torch.randint(1, k + 1, (1,), generator=generator))
+        phase = int(torch.randint(0, k, (1,), generator=generator))
+        return offset, phase
+
+    def losses(self, batch: dict[str, torch.Tensor], offset: int, phase: int = 0) -> dict[str, torch.Tensor]:
+        ids, attention = batch["input_ids"], batch["attention_mask"]
+        predicting = predict_mask(batch["loss_mask"]) & attention.bool()
+        with torch.no_grad():
+            v_out = self.verifier.base_model(
+                input_ids=ids, attention_mask=attention, output_hidden_states=self.steering is not None
+            )
+            p_logits = self.verifier.get_output_embeddings()(v_out.last_hidden_state[predicting])[:, : self.vocab_size]
+        if self.steering is not None:
+            sources = steering_sources(
+                self.train_cfg.offset, offset, batch["prompt_len"], ids.shape[1], self.train_cfg.max_offset, phase
+            )
+            steered = predicting & (sources >= 0)
+            features = verifier_features(v_out.hidden_states, self.steering.spec.v_layers)
+            index = sources.clamp(min=0).unsqueeze(-1).expand(-1, -1, features.shape[-1])
+            deltas = self.steering.deltas(torch.gather(features, 1, index), steered)
+            with self.steering.steer(deltas):
+                d_out = self.drafter.base_model(input_ids=ids, attention_mask=attention)
+        else:
+            d_out = self.drafter.base_model(input_ids=ids, attention_mask=attention)
+        q_logits = self.drafter.get_output_embeddings()(d_out.last_hidden_state[predicting])[:, : self.vocab_size]
+        per_position = divergence(p_logits, q_logits, self.train_cfg.loss)
+        with torch.no_grad():
+            tvd = divergence(p_logits, q_logits, "tvd").mean()
+        return {"loss": per_position.mean(), "tvd": tvd, "positions": predicting.sum()}
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        offset, phase = self._offset(True, batch_idx)
+        out = self.losses(batch, offset, phase)
+        size = batch["input_ids"].shape[0]
+        self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
+        self.log("train/tvd", out["tvd"], batch_size=size)
+        self.log("train/offset", float(offset), batch_size=size)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=size)
+        return out["loss"]
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        offset, phase = self._offset(False, batch_idx)
+        out = self.losses(batch, offset, phase)
+        size = batch["input_ids"].shape[0]
+        self.log("val/loss", out["loss"], batch_size=size, sync_dist=True)
+        self.log("val/tvd", out["tvd"], batch_size=size, sync_dist=True)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.val_prompts and not self.trainer.sanity_checking:
+            self.log("val/tau", speculative_tau(self, self.val_prompts), rank_zero_only=True)
+
+    def configure_optimizers(self) -> dict:
+        params = [p for p in self.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=self.train_cfg.lr_start, weight_decay=self.train_cfg.weight_decay)
+        return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
+
+
+@torch.no_grad()
+def speculative_tau(module: DrafterTraining, prompts: list[list[int]]) -> float:
+    """Real greedy speculative decoding of ``prompts`` with the current drafter: mean tokens per round."""
+    was_training = module.training
+    module.eval()
+    try:
+        engine = SpeculativeEngine(
+            module.verifier,
+            module.drafter,
+            schedule=DraftSchedule("constant", module.train_cfg.max_offset),
+            settings=GenerationSettings(max_new_tokens=VAL_MAX_NEW_TOKENS),
+            vocab_size=module.vocab_size,
+            eos_token_ids=module.eos_token_ids,
+            pad_token_id=module.pad_token_id,
+            steering=module.steering,
+        )
+        results = [engine.generate([p])[0] for p in prompts]
+    finally:
+        module.train(was_training)
+    rounds = sum(len(r.rounds) for r in results)
+    return sum(len(r.output_ids) for r in results) / max(rounds, 1)
+
+
+def build_drafter_training(
+    cfg: Any, method: str, verifier: Any, drafter: Any, vocab_size: int, eos_ids: list[int], pad_id: int
+) -> tuple[DrafterTraining, SyntheticDataModule]:
+    """The LightningModule and DataModule of ``task=train method=sd2|distill`` (LoadedModel pair in)."""
+    from specbench.data.synthetic import load_synthetic
+    from specbench.drafters.steering import resolve_spec
+    from specbench.drafters.trained import LoraSettings, pair_metadata, trainable_drafter
+    from specbench.models.pair import tokenizer_hash
+
+    train, steering_cfg = cfg.train, cfg.steering
+    data, data_meta = load_synthetic(str(train.data))
+    check_synthetic_source(data_meta, verifier.name, tokenizer_hash(verifier.tokenizer), train.data)
+    finetune = steering_cfg.finetune_drafter
+    lora = LoraSettings(train.lora_rank, train.lora_alpha) if finetune == "lora" else None
+    model = trainable_drafter(drafter.model, verifier.model, finetune, lora)
+    model.train()
+    steering = None
+    if method == "sd2":
+        d_layers = steering_cfg.d_layers if steering_cfg.d_layers == "all" else list(steering_cfg.d_layers)
+        spec = resolve_spec(
+            verifier.model, model, list(steering_cfg.v_layers), steering_cfg.guide_method, d_layers, steering_cfg.rank
+        )
+        steering = SteeredDrafter(model, spec)
+    metadata = {
+        "method": method,
+        **pair_metadata(verifier, drafter, vocab_size),
+        "finetune_drafter": finetune,
+        "lora": lora.to_dict() if lora else None,
+        "steering": steering.spec.to_dict() if steering else None,
+        "steering_parameters": steering.num_parameters() if steering else 0,
+        "loss": train.loss,
+        "offset": train.offset,
+        "max_offset": train.max_offset,
+        "data": str(train.data),
+        "data_rows": {split: len(data[split]) for split in data},
+    }
+    val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(min(train.val_prompts, len(data["validation"]))))]
+    module = DrafterTraining(
+        verifier.model, model, steering, train, vocab_size, metadata, val_prompts, eos_ids, pad_id
+    )
+    datamodule = SyntheticDataModule(data, train.batch_size, pad_id, train.seed, train.num_workers)
+    return module, datamodule
+
+
+def check_synthetic_source(meta: dict, verifier_name: str, verifier_tokenizer_hash: str, where: Any) -> None:
+    """The synthetic data must come from this verifier (its distributions are the training targets)."""
+    made_by = meta.get("verifier", {})
+    name = made_by.get("name") if isinstance(made_by, dict) else made_by
+    token_hash = meta.get("tokenizer_hash")
+    if token_hash is not None and token_hash != verifier_tokenizer_hash:
+        raise ValueError(
+            f"train.data={str(where)!r} was tokenized with another tokenizer (hash {token_hash} vs the "
+            f"verifier's {verifier_tokenizer_hash}); sample it again with task=synth for this verifier"
+        )
+    if name is not None and name != verifier_name:
+        raise ValueError(
+            f"train.data={str(where)!r} was sampled from verifier {name!r}, but model/verifier is "
+            f"{verifier_name!r}; pass the model/verifier it was made with or run task=synth for this one"
+        )

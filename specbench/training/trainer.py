@@ -1,0 +1,186 @@
+"""The Lightning Trainer every specbench training task uses: schedule, checkpoints, MLflow, SLURM.
+
+- One owner of the preemption signal: submitit (it asks SLURM for USR2 and requeues the job); so
+  Lightning's own SLURM auto-requeue is off, and a requeued job resumes from its ``last.ckpt``.
+- Lightning logs into the task's MLflow run (the one ``run_task`` opened), not into a new run.
+- Checkpoints hold only trainable weights plus metadata (:class:`TrainedOnlyCheckpoint`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from specbench.tracking import NullTracker
+
+CHECKPOINT_DIR = "checkpoints"
+LAST_CHECKPOINT = "last.ckpt"
+METADATA_KEY = "specbench"
+
+
+def warmup_cosine_lr(step: int, warmup_steps: int, total_steps: int, lr_start: float, lr_end: float) -> float:
+    """Linear warm-up 0 → lr_start over ``warmup_steps``, then cosine lr_start → lr_end at ``total_steps``.
+
+    Sequential (methods.md §4), not the product of a warm-up factor and a cosine factor.
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return lr_start * (step + 1) / warmup_steps
+    decay_steps = max(total_steps - warmup_steps, 1)
+    progress = min(max(step - warmup_steps, 0) / decay_steps, 1.0)
+    return lr_end + 0.5 * (lr_start - lr_end) * (1.0 + math.cos(math.pi * progress))
+
+
+def warmup_cosine_scheduler(optimizer: torch.optim.Optimizer, train: Any) -> dict:
+    """A per-step LambdaLR for Lightning's ``configure_optimizers`` (the optimiser's lr must be lr_start)."""
+
+    def factor(step: int) -> float:
+        lr = warmup_cosine_lr(step, train.warmup_steps, train.max_steps, train.lr_start, train.lr_end)
+        return lr / train.lr_start
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return {"scheduler": scheduler, "interval": "step", "frequency": 1}
+
+
+def trainable_state(module: torch.nn.Module) -> set[str]:
+    """Names (as in ``module.state_dict()``) of the parameters that train."""
+    return {name for name, param in module.named_parameters() if param.requires_grad}
+
+
+class TrainedOnlyCheckpoint:
+    """LightningModule mixin: checkpoints keep only trainable weights and carry ``metadata()``.
+
+    Frozen models (the verifier; a frozen drafter) are rebuilt from their own source when loading, so a
+    checkpoint of a steering head is megabytes, not the verifier's gigabytes.
+    """
+
+    strict_loading = False  # frozen weights are absent from the checkpoint by design
+
+    def metadata(self) -> dict:
+        return {}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        keep = trainable_state(self)
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
+        checkpoint[METADATA_KEY] = self.metadata()
+
+
+class LastMetrics(Callback):
+    """Keep the last value of every metric the module logged (the step-wise history goes to MLflow
+    through Lightning's MLFlowLogger)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] = {}
+
+    def _keep(self, trainer: L.Trainer) -> None:
+        self.last.update(
+            {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+        )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._keep(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self._keep(trainer)
+
+
+def last_checkpoint(out_dir: Path) -> Path | None:
+    path = Path(out_dir) / CHECKPOINT_DIR / LAST_CHECKPOINT
+    return path if path.is_file() else None
+
+
+def precision_for(device: torch.device, configured: str | None) -> str:
+    if configured:
+        return configured
+    return "bf16-mixed" if device.type == "cuda" else "32-true"
+
+
+def _plugins() -> list:
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    # Under SLURM, submitit owns USR2 → requeue; Lightning must not also requeue on its signal.
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
+def build_trainer(
+    train: Any,
+    out_dir: Path,
+    tracker: NullTracker,
+    device: torch.device,
+    callbacks: Iterable[Callback] = (),
+    automatic_optimization: bool = True,
+    log_every_n_steps: int = 10,
+) -> tuple[L.Trainer, LastMetrics]:
+    """A Trainer for ``train`` (the ``train:`` config): max_steps, accumulation, grad clip (automatic
+    optimisation only; manual modules clip themselves), precision, devices/strategy, ``last.ckpt`` every
+    ``checkpoint_every_steps``, validation every ``val_every_steps``, step-wise metrics into ``tracker``'s
+    MLflow run (Lightning's MLFlowLogger attached to it by run id)."""
+    checkpoints = ModelCheckpoint(
+        dirpath=Path(out_dir) / CHECKPOINT_DIR,
+        save_last=True,
+        save_top_k=0,
+        every_n_train_steps=train.checkpoint_every_steps,
+        save_on_train_epoch_end=False,
+    )
+    metrics = LastMetrics()
+    loggers = []
+    if tracker.enabled:
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        loggers.append(MLFlowLogger(tracking_uri=tracker.tracking_uri, run_id=tracker.run_id, log_model=False))
+    trainer = L.Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=train.devices,
+        strategy=train.strategy,
+        precision=precision_for(device, train.precision),
+        max_steps=train.max_steps,
+        max_epochs=-1,
+        accumulate_grad_batches=train.accumulate_grad_batches if automatic_optimization else 1,
+        gradient_clip_val=(train.grad_clip or None) if automatic_optimization else None,
+        val_check_interval=train.val_every_steps,
+        check_val_every_n_epoch=None,
+        limit_val_batches=train.val_batches or 1.0,
+        num_sanity_val_steps=0,
+        log_every_n_steps=log_every_n_steps,
+        logger=loggers or False,
+        callbacks=[checkpoints, metrics, *callbacks],
+        plugins=_plugins(),
+        default_root_dir=str(out_dir),
+        enable_model_summary=False,
+        deterministic=False,
+    )
+    return trainer, metrics
+
+
+def read_checkpoint(path: str | Path) -> tuple[Mapping[str, torch.Tensor], dict]:
+    """The trained weights and metadata of a specbench checkpoint (a Lightning .ckpt or an exported .pt)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(f"checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {err})") from err
+    if not isinstance(data, dict) or "state_dict" not in data or METADATA_KEY not in data:
+        raise ValueError(
+            f"checkpoint {str(path)!r} is not a specbench training checkpoint (no state_dict / {METADATA_KEY} "
+            "metadata); pass the last.ckpt or trained.pt that task=train wrote"
+        )
+    return data["state_dict"], data[METADATA_KEY]
+
+
+def export_trained(module: torch.nn.Module, metadata: dict, path: Path) -> Path:
+    """Write ``{state_dict: trainable weights, specbench: metadata}`` (loadable with weights_only=True)."""
+    keep = trainable_state(module)
+    state = {k: v.detach().cpu() for k, v in module.state_dict().items() if k in keep}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save({"state_dict": state, METADATA_KEY: metadata}, tmp)
+    tmp.replace(path)
+    return path
