@@ -60,10 +60,12 @@ class TrainTask(Task):
             "specbench.resumed_from": str(resume) if resume else "",
         })
         trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
-        metadata = {**module.metadata(), "global_step": trainer.global_step}
-        trained = export_trained(module, metadata, out / TRAINED_FILE)
         summary = {"final_" + k.replace("/", "_"): v for k, v in metrics.last.items() if "/" in k}
         summary.update(global_step=trainer.global_step, trainable_parameters=_trainable(module))
+        if not trainer.is_global_zero:  # ddp: rank 0 writes the outputs
+            return summary
+        metadata = {**module.metadata(), "global_step": trainer.global_step}
+        trained = export_trained(module, metadata, out / TRAINED_FILE)
         (out / SUMMARY_FILE).write_text(json.dumps({**summary, "checkpoint": str(trained)}, indent=2) + "\n")
         self.tracker.set_tags({"specbench.checkpoint": str(trained.resolve())})
         self.tracker.log_artifact(out / SUMMARY_FILE)

@@ -115,7 +115,7 @@ def build_trainer(
     device: torch.device,
     callbacks: Iterable[Callback] = (),
     automatic_optimization: bool = True,
-    log_every_n_steps: int = 10,
+    log_every_n_steps: int | None = None,
 ) -> tuple[L.Trainer, LastMetrics]:
     """A Trainer for ``train`` (the ``train:`` config): max_steps, accumulation, grad clip (automatic
     optimisation only; manual modules clip themselves), precision, devices/strategy, ``last.ckpt`` every
@@ -129,6 +129,8 @@ def build_trainer(
         save_on_train_epoch_end=False,
     )
     metrics = LastMetrics()
+    if log_every_n_steps is None:  # about 10 points for a short run, every 10 steps for a long one
+        log_every_n_steps = max(1, min(10, train.max_steps // 10))
     loggers = []
     if tracker.enabled:
         from lightning.pytorch.loggers import MLFlowLogger

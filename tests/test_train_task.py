@@ -1,0 +1,154 @@
+"""task=train through launch.py: synth → train (sd2, distill, ddp) → eval, tracked in MLflow; bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import compose_config, launch
+
+import specbench.config  # noqa: F401  (registers the schemas)
+from specbench.config import ConfigError
+from specbench.config.validate import validate_train
+
+TINY = ["model/verifier=tiny-random", "model/drafter=tiny-random", "runtime.num_threads=1"]
+SD2 = ["method=sd2", "steering=sd2", "steering.v_layers=[0,1,2]"]
+SHORT = ["train.max_steps=4", "train.batch_size=2", "train.val_every_steps=2", "train.checkpoint_every_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth")
+    proc = launch(
+        ["task=synth", *TINY, "dataset=demo", "synth.target_len=120", "synth.max_prompt_len=100",
+         f"synth.output_dir={out}", f"hydra.run.dir={out / 'hydra'}"],  # fmt: skip
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def runs(uri, experiment):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    return client, client.search_runs([found.experiment_id]) if found else []
+
+
+def test_sd2_and_distill_train_then_evaluate(synth_dir, tmp_path, mlflow_uri):
+    sd2_dir, distill_dir = tmp_path / "sd2", tmp_path / "distill"
+    for method, out in ((SD2, sd2_dir), (["method=distill", "steering=none"], distill_dir)):
+        proc = launch(
+            ["task=train", *TINY, *method, *SHORT, f"train.data={synth_dir}", f"train.output_dir={out}",
+             f"hydra.run.dir={out / 'hydra'}"],  # fmt: skip
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert (out / "trained.pt").is_file() and (out / "checkpoints" / "last.ckpt").is_file()
+        summary = json.loads((out / "train_metrics.json").read_text())
+        assert summary["global_step"] == 4 and summary["final_val_tau"] >= 1.0
+    client, train_runs = runs(mlflow_uri, "specbench-train")
+    assert len(train_runs) == 2 and {r.info.status for r in train_runs} == {"FINISHED"}
+    for run in train_runs:  # Lightning's logger wrote into the task's own run, step by step
+        history = client.get_metric_history(run.info.run_id, "train/loss")
+        assert sorted(m.step for m in history) == [0, 1, 2, 3]  # every step of the 4
+        assert "val/tau" in run.data.metrics and run.data.params["train.max_steps"] == "4"
+    for number, extra in enumerate((
+        [*SD2, f"steering.checkpoint={sd2_dir / 'trained.pt'}"],
+        ["method=distill", f"method.drafter_checkpoint={distill_dir / 'trained.pt'}"],
+    )):
+        eval_dir = tmp_path / f"eval-{number}"
+        proc = launch(
+            [*TINY, *extra, "gen.max_new_tokens=8", "dataset.limit=2", f"eval.output_dir={eval_dir}"], timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        metrics = json.loads((eval_dir / "metrics.json").read_text())
+        assert metrics["baseline_match_rate"] == 1.0  # lossless with a trained drafter / steering
+        assert metrics["method_checkpoint"].endswith("trained.pt")
+    # The sd2 checkpoint under method=distill: one line naming the problem.
+    proc = launch([*TINY, "method=distill", f"method.drafter_checkpoint={sd2_dir / 'trained.pt'}",
+                   f"eval.output_dir={tmp_path / 'wrong'}"])  # fmt: skip
+    assert proc.returncode == 2 and "is a method='sd2' checkpoint, not method='distill'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_killed_training_job_rerun_resumes_from_last_ckpt(synth_dir, tmp_path, mlflow_uri):
+    """What a SLURM requeue does: the same command again, into the same output dir, after a kill."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+
+    out = tmp_path / "run"
+    args = ["task=train", *TINY, *SD2, "train.max_steps=40", "train.batch_size=2", "train.val_every_steps=50",
+            "train.checkpoint_every_steps=2", f"train.data={synth_dir}", f"train.output_dir={out}",
+            f"hydra.run.dir={out / 'hydra'}"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    first = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    last = out / "checkpoints" / "last.ckpt"
+    try:
+        deadline = time.monotonic() + 240
+        while not last.exists() and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.1)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    import torch
+
+    step_at_kill = torch.load(last, weights_only=True)["global_step"]
+    assert 2 <= step_at_kill < 40
+    proc = launch(args, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming from {last}" in proc.stdout
+    assert json.loads((out / "train_metrics.json").read_text())["global_step"] == 40
+    _, train_runs = runs(mlflow_uri, "specbench-train")
+    assert len(train_runs) == 1 and train_runs[0].info.status == "FINISHED"
+    assert train_runs[0].data.tags["specbench.reopened"] == "true"
+    assert train_runs[0].data.tags["specbench.resumed_from"] == str(last)
+
+
+def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
+    out = tmp_path / "ddp"
+    proc = launch(
+        ["task=train", *TINY, *SD2, *SHORT, "train.devices=2", "train.strategy=ddp", f"train.data={synth_dir}",
+         f"train.output_dir={out}", f"hydra.run.dir={out / 'hydra'}"],  # fmt: skip
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Starting with 2 processes" in proc.stdout + proc.stderr
+    assert json.loads((out / "train_metrics.json").read_text())["global_step"] == 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["method=sd"], "task=train trains method=sd2, distill or diversed"),
+        (["method=sd2"], "task=train method=sd2 trains an SD² steering head: add steering=sd2"),
+        ([*SD2], "task=train method=sd2 needs train.data=DIR"),
+        ([*SD2, "train.data=/no/such/dir"], "train.data: '/no/such/dir' does not exist"),
+        (["method=distill", "steering.finetune_drafter=none", "train.data=."], "would train nothing"),
+        ([*SD2, "train.data=.", "train.loss=mse"], "train.loss: unknown 'mse'"),
+        ([*SD2, "train.data=.", "train.lr_end=1"], "train.lr_end (1.0) must be <= train.lr_start"),
+        ([*SD2, "train.data=.", "train.max_offset=0"], "train.max_offset must be >= 1"),
+        ([*SD2, "train.data=.", "train.baseline_ema=1"], "train.baseline_ema must be in [0, 1)"),
+        ([*SD2, "train.data=.", "model/drafter=none"], "model.drafter.kind is 'none'"),
+    ],
+)
+def test_bad_training_config_names_the_key(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        validate_train(compose_config(["task=train", *TINY, *overrides]))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_data_from_another_verifier_is_refused(synth_dir, tmp_path):
+    proc = launch(
+        ["task=train", *TINY, *SD2, *SHORT, "model.verifier.seed=3", "model.verifier.name=other-verifier",
+         f"train.data={synth_dir}", f"train.output_dir={tmp_path / 'x'}", f"hydra.run.dir={tmp_path / 'h'}"],  # fmt: skip
+        timeout=300,
+    )
+    assert proc.returncode == 2 and "was sampled from verifier" in proc.stderr and "Traceback" not in proc.stderr
