@@ -21,7 +21,7 @@ def synth_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("synth")
     proc = launch(
         ["task=synth", *TINY, "dataset=demo", "synth.target_len=120", "synth.max_prompt_len=100",
-         f"synth.output_dir={out}", f"hydra.run.dir={out / 'hydra'}"],  # fmt: skip
+         f"synth.output_dir={out}", f"hydra.run.dir={out / 'hydra'}"],
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -41,7 +41,7 @@ def test_sd2_and_distill_train_then_evaluate(synth_dir, tmp_path, mlflow_uri):
     for method, out in ((SD2, sd2_dir), (["method=distill", "steering=none"], distill_dir)):
         proc = launch(
             ["task=train", *TINY, *method, *SHORT, f"train.data={synth_dir}", f"train.output_dir={out}",
-             f"hydra.run.dir={out / 'hydra'}"],  # fmt: skip
+             f"hydra.run.dir={out / 'hydra'}"],
             timeout=300,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -68,7 +68,7 @@ def test_sd2_and_distill_train_then_evaluate(synth_dir, tmp_path, mlflow_uri):
         assert metrics["method_checkpoint"].endswith("trained.pt")
     # The sd2 checkpoint under method=distill: one line naming the problem.
     proc = launch([*TINY, "method=distill", f"method.drafter_checkpoint={sd2_dir / 'trained.pt'}",
-                   f"eval.output_dir={tmp_path / 'wrong'}"])  # fmt: skip
+                   f"eval.output_dir={tmp_path / 'wrong'}"])
     assert proc.returncode == 2 and "is a method='sd2' checkpoint, not method='distill'" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -86,10 +86,10 @@ def test_a_killed_training_job_rerun_resumes_from_last_ckpt(synth_dir, tmp_path,
     out = tmp_path / "run"
     args = ["task=train", *TINY, *SD2, "train.max_steps=40", "train.batch_size=2", "train.val_every_steps=50",
             "train.checkpoint_every_steps=2", f"train.data={synth_dir}", f"train.output_dir={out}",
-            f"hydra.run.dir={out / 'hydra'}"]  # fmt: skip
+            f"hydra.run.dir={out / 'hydra'}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     first = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     last = out / "checkpoints" / "last.ckpt"
     try:
         deadline = time.monotonic() + 240
@@ -116,7 +116,7 @@ def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
     out = tmp_path / "ddp"
     proc = launch(
         ["task=train", *TINY, *SD2, *SHORT, "train.devices=2", "train.strategy=ddp", f"train.data={synth_dir}",
-         f"train.output_dir={out}", f"hydra.run.dir={out / 'hydra'}"],  # fmt: skip
+         f"train.output_dir={out}", f"hydra.run.dir={out / 'hydra'}"],
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -148,7 +148,7 @@ def test_bad_training_config_names_the_key(overrides, message):
 def test_data_from_another_verifier_is_refused(synth_dir, tmp_path):
     proc = launch(
         ["task=train", *TINY, *SD2, *SHORT, "model.verifier.seed=3", "model.verifier.name=other-verifier",
-         f"train.data={synth_dir}", f"train.output_dir={tmp_path / 'x'}", f"hydra.run.dir={tmp_path / 'h'}"],  # fmt: skip
+         f"train.data={synth_dir}", f"train.output_dir={tmp_path / 'x'}", f"hydra.run.dir={tmp_path / 'h'}"],
         timeout=300,
     )
     assert proc.returncode == 2 and "was sampled from verifier" in proc.stderr and "Traceback" not in proc.stderr
