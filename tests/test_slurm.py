@@ -110,3 +110,49 @@ def test_sweep_on_slurm_lands_in_mlflow_under_one_parent(slurm, mlflow_uri, tmp_
     # The jobs ran this venv's python (submitit uses sys.executable).
     submission = next(sweep_dir.glob(".submitit/*/*_submission.sh")).read_text()
     assert sys.executable in submission
+
+
+def test_a_preempted_training_job_is_requeued_and_resumes_from_last_ckpt(slurm, mlflow_uri, tmp_path):
+    """submitit owns USR2: SLURM's preemption signal makes it requeue the job; the rerun finds its own
+    last.ckpt (same output dir) and continues to max_steps in the same MLflow run."""
+    import time
+
+    synth = tmp_path / "synth"
+    tiny = ["model/verifier=tiny-random", "model/drafter=tiny-random", "runtime.num_threads=1"]
+    proc = launch(["task=synth", *tiny, "dataset=demo", "synth.target_len=120", "synth.max_prompt_len=100",
+                   f"synth.output_dir={synth}", f"hydra.run.dir={tmp_path / 'h'}"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out, sweep_dir = tmp_path / "train", tmp_path / "sweep"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": mlflow_uri}
+    env.pop("HYDRA_FULL_ERROR", None)
+    submitter = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), "-m", "hydra/launcher=submitit_slurm", "+cluster=slurm-local",
+         "task=train", *tiny, "method=sd2", "steering=sd2", "steering.v_layers=[0,1,2]", "train.max_steps=60",
+         "train.batch_size=2", "train.val_every_steps=100", "train.checkpoint_every_steps=2",
+         f"train.data={synth}", f"train.output_dir={out}", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    last = out / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 300
+    while not last.exists() and time.monotonic() < deadline and submitter.poll() is None:
+        time.sleep(0.2)
+    assert last.exists(), "the training job wrote no last.ckpt"
+    job_ids = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout.split()
+    assert len(job_ids) == 1
+    subprocess.run(["scancel", "--signal=USR2", job_ids[0]], check=True)
+    output, _ = submitter.communicate(timeout=600)
+    logs = "\n".join(p.read_text() for p in sorted(sweep_dir.glob(".submitit/*/*.out")))
+    assert submitter.returncode == 0, output[-3000:] + logs[-3000:]
+    assert "resuming from" in logs, logs[-3000:]
+    assert json.loads((out / "train_metrics.json").read_text())["global_step"] == 60
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.get_experiment_by_name("specbench-train")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("specbench.role") == "sweep"]
+    jobs = [r for r in runs if r not in parents]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(jobs) == 1 and jobs[0].info.status == "FINISHED"  # the requeued job reopened its own run
+    assert jobs[0].data.tags["specbench.reopened"] == "true"
+    assert jobs[0].data.tags[PARENT_TAG] == parents[0].info.run_id
