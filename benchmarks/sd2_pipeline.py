@@ -28,8 +28,8 @@ DRAFTERS = {
 }
 
 
-def launch(args: list[str], log: Path) -> float:
-    """Run ``launch.py experiment=cpu-sd2 ARGS``; its output goes to ``log``. Returns seconds."""
+def launch(args: list[str], log: Path, timings: dict[str, float], step: str) -> None:
+    """Run ``launch.py experiment=cpu-sd2 ARGS`` (output to ``log``); record its seconds as ``step``."""
     start = time.perf_counter()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with open(log, "w") as handle:
@@ -39,7 +39,9 @@ def launch(args: list[str], log: Path) -> float:
         )
     if proc.returncode != 0:
         sys.exit(f"step failed ({proc.returncode}): launch.py {' '.join(args)}\n  see {log}")
-    return time.perf_counter() - start
+    timings[step] = time.perf_counter() - start
+    path = log.parent.parent / "timings.json"  # kept across reruns: a resumed pipeline still reports every step
+    path.write_text(json.dumps(timings, indent=2) + "\n")
 
 
 def main() -> None:
@@ -54,35 +56,36 @@ def main() -> None:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
-    timings: dict[str, float] = {}
+    saved = out / "timings.json"
+    timings: dict[str, float] = json.loads(saved.read_text()) if saved.exists() else {}
     extra = list(args.extra)
 
     if not (out / "synth" / "dataset").exists():
-        timings["synth"] = launch(
+        launch(
             ["task=synth", "dataset.subset=train", f"dataset.limit={args.synth_prompts}",
              f"synth.output_dir={out / 'synth'}", f"hydra.run.dir={out / 'hydra' / 'synth'}", *extra],
-            out / "logs" / "synth.log",
+            out / "logs" / "synth.log", timings, "synth",
         )
     for name, method in (("distill", ["method=distill", "steering=none"]), ("sd2", ["method=sd2", "steering=sd2"])):
         if not (out / name / "trained.pt").exists():
-            timings[f"train_{name}"] = launch(
+            launch(
                 ["task=train", *method, f"train.data={out / 'synth'}", f"train.max_steps={args.steps}",
                  f"train.output_dir={out / name}", f"hydra.run.dir={out / 'hydra' / name}", *extra],
-                out / "logs" / f"train_{name}.log",
+                out / "logs" / f"train_{name}.log", timings, f"train_{name}",
             )
     results = []
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         for drafter, overrides in DRAFTERS.items():
             run = out / "eval" / f"{drafter}-T{temperature:g}"
             if not (run / "metrics.json").exists():
-                timings[f"eval_{drafter}_T{temperature:g}"] = launch(
+                launch(
                     [*[o.format(out=out) for o in overrides], f"gen.temperature={temperature}",
                      f"dataset.limit={args.eval_prompts}", f"eval.output_dir={run}",
                      f"hydra.run.dir={out / 'hydra' / run.name}", *extra],
-                    out / "logs" / f"eval_{run.name}.log",
+                    out / "logs" / f"eval_{run.name}.log", timings, f"eval_{run.name}",
                 )
             metrics = json.loads((run / "metrics.json").read_text())
-            results.append({"drafter": drafter, "temperature": temperature, **metrics})
+            results.append({**metrics, "drafter": drafter, "temperature": temperature})
     print_table(results, timings, out)
 
 

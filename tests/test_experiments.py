@@ -31,6 +31,20 @@ PRESETS = {
     "diversed-gsm8k-llama3": {**DIVERSED, "dataset": "gsm8k"},
     "diversed-xsum-llama3": {**DIVERSED, "dataset": "xsum"},
     "diversed-mbpp-llama3": {**DIVERSED, "dataset": "mbpp"},
+    **{
+        f"diversed-{data}-qwen3": {**DIVERSED, "verifier": "Qwen/Qwen3-8B", "drafter": "Qwen/Qwen3-0.6B", "dataset": data}
+        for data in ("cnndm", "gsm8k", "xsum", "mbpp")
+    },
+    "cpu-diversed-translation": {
+        "verifier_kind": "embedded",
+        "drafter_kind": "early_exit",
+        "num_layers": 4,
+        "method": "diversed",
+        "gamma": 3,
+        "dataset": "spec_bench",
+        "temperature": 1.0,
+        "device": "cpu",
+    },
     "cpu-sd-demo": {
         "verifier_kind": "embedded",
         "drafter_kind": "early_exit",

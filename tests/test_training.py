@@ -146,7 +146,7 @@ def test_warmup_then_cosine_is_sequential():
     assert lrs[10] == pytest.approx(1e-3)
     assert lrs[60] == pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5))
     assert lrs[110] == pytest.approx(1e-5)
-    assert all(a >= b for a, b in itertools.pairwise(lrs))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))  # non-increasing after warm-up
 
 
 @pytest.mark.parametrize("method,finetune", [("sd2", "full"), ("sd2", "none"), ("sd2", "lora"), ("distill", "full"), ("distill", "lora")])

@@ -18,17 +18,13 @@ from transformers import PreTrainedModel
 
 from specbench.drafters.steering import SteeredDrafter, SteeringSpec
 from specbench.models.loading import LoadedModel
-from specbench.models.pair import tokenizer_hash
+from specbench.models.pair import CheckpointMismatchError, metadata_differences, tokenizer_hash
 from specbench.training.trainer import read_checkpoint
 
 FINETUNE_MODES = ("full", "none", "lora")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DRAFTER_PREFIX = "drafter."
 STEERING_PREFIX = "steering."
-
-
-class CheckpointMismatchError(ValueError):
-    """A checkpoint was trained for another model pair, method or architecture."""
 
 
 @dataclass(frozen=True)
@@ -117,9 +113,8 @@ def check_pair(metadata: dict, verifier: LoadedModel, drafter: LoadedModel, path
         "verifier_weights": weights_fingerprint(verifier.model),
         "drafter_weights": weights_fingerprint(drafter.model),
     }
-    differ = [k for k, v in now.items() if metadata.get(k) != v]
-    if differ:
-        shown = ", ".join(f"{k}: checkpoint {metadata.get(k)!r} vs now {now[k]!r}" for k in differ)
+    shown = metadata_differences(metadata, now, now)
+    if shown:
         raise CheckpointMismatchError(
             f"{key}={str(path)!r} was trained for another model pair ({shown}); pick the model/verifier and "
             f"model/drafter it was trained with (verifier {metadata.get('verifier')!r}, drafter "

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 class PairMismatchError(ValueError):
     """The verifier and drafter cannot share one vocabulary."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A trained checkpoint (drafter, SD² steering, DIVERSED head) belongs to another model pair or method."""
+
+
+def metadata_differences(saved: Mapping[str, Any], now: Mapping[str, Any], keys: Iterable[str]) -> str:
+    """``"key: checkpoint A vs now B, ..."`` for the keys where a checkpoint's metadata differs; "" if none."""
+    return ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k))
 
 
 def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:

@@ -89,9 +89,11 @@ class TrainTask(Task):
 
         try:
             prompts = load_dataset_prompts(self.cfg.dataset)
-        except DatasetUnavailableError as err:
-            raise ConfigError(str(err)) from err
-        return build_diversed_training(self.cfg, verifier, drafter, prompts)
+            return build_diversed_training(self.cfg, verifier, drafter, prompts)
+        except ConfigError:
+            raise
+        except (DatasetUnavailableError, ValueError) as err:  # bad train.* values, a dataset without rewards
+            raise ConfigError(" ".join(str(err).split())) from err
 
 
 def _trainable(module: torch.nn.Module) -> int:

@@ -1,0 +1,206 @@
+"""DIVERSED on the embedded pair: train the weight head on Spec-Bench translation, compare on the held-out part.
+
+1. Train (unless ``--head PATH``): ``python launch.py task=train experiment=cpu-diversed-translation`` into
+   ``--train-dir`` (a finished ``trained.pt`` there is reused; ``--retrain`` starts over).
+2. Evaluate on the held-out translation questions (``dataset.subset=heldout``) at T = 1 with the same drafter
+   (early exit, K = 4) and γ: autoregressive, sd, static ensemble at ``--weights`` and diversed, in this
+   process (models loaded once), each over the same prompts and ``--seeds``.
+3. Print one table (acceptance, τ, tokens/s, corpus BLEU, mean draft weight) and the DIVERSED target checks
+   (issue 6): acceptance ≥ 1.5 × sd, BLEU within 1 point of autoregressive, and diversed above the static
+   ensemble's BLEU-vs-acceptance curve (piecewise linear through sd = weight 0 and the static points).
+
+    .venv/bin/python benchmarks/diversed_translation.py                       # train (~10 min) + evaluate
+    .venv/bin/python benchmarks/diversed_translation.py --head outputs/diversed-translation/trained.pt
+    .venv/bin/python benchmarks/diversed_translation.py --seeds 0,1,2 --weights 0.1,0.2,0.3,0.5,0.7
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PRESET = "cpu-diversed-translation"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--head", help="a trained DIVERSED head (trained.pt or last.ckpt); default: train one")
+    parser.add_argument("--train-dir", default=str(ROOT / "outputs" / "diversed-translation"))
+    parser.add_argument("--retrain", action="store_true", help="train again even if --train-dir has trained.pt")
+    parser.add_argument("--train-override", action="append", default=[],
+                        help="extra override for task=train (repeatable), e.g. train.max_steps=30")
+    parser.add_argument("--weights", default="0.1,0.3,0.5,0.7,0.9", help="static-ensemble draft weights")
+    parser.add_argument("--seeds", default="0,1,2", help="sampling seeds; every method runs once per seed")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many held-out questions")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the preset's gen.max_new_tokens")
+    parser.add_argument("--gamma", type=int, default=None, help="default: the preset's schedule.gamma")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--json", help="also write the rows and checks to this file")
+    return parser.parse_args(argv)
+
+
+def train(args: argparse.Namespace) -> Path:
+    out = Path(args.train_dir).expanduser().resolve()
+    trained = out / "trained.pt"
+    if trained.is_file() and not args.retrain:
+        print(f"reusing {trained} (pass --retrain to train again)")
+        return trained
+    command = [sys.executable, str(ROOT / "launch.py"), "task=train", f"experiment={PRESET}",
+               f"train.output_dir={out}", f"train.resume={'false' if args.retrain else 'true'}",
+               *args.train_override]  # fmt: skip
+    if args.threads:
+        command.append(f"runtime.num_threads={args.threads}")
+    print("training:", " ".join(command[1:]), flush=True)
+    started = time.perf_counter()
+    subprocess.run(command, cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    print(f"trained in {time.perf_counter() - started:.0f} s: {trained}")
+    return trained
+
+
+def interpolate(points: list[tuple[float, float]], x: float) -> float | None:
+    """Piecewise-linear y(x) through ``points`` (sorted by x); None outside their range."""
+    points = sorted(points)
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return None
+
+
+def checks(rows: dict[str, dict]) -> list[tuple[str, bool | None, str]]:
+    """The issue's targets: (name, passed (None: cannot tell), figures)."""
+    ours, sd, auto = rows["diversed"], rows["sd"], rows["auto"]
+    results = []
+    ratio = ours["acceptance"] / sd["acceptance"] if sd["acceptance"] > 0 else float("inf")
+    results.append(("acceptance >= 1.5 x sd", ratio >= 1.5,
+                    f"{ours['acceptance']:.3f} vs sd {sd['acceptance']:.3f} ({ratio:.1f}x)"))  # fmt: skip
+    gap = ours["bleu"] - auto["bleu"]
+    results.append(("BLEU within 1 point of autoregressive", gap >= -1.0,
+                    f"{ours['bleu']:.2f} vs {auto['bleu']:.2f} ({gap:+.2f})"))  # fmt: skip
+    curve = [(sd["acceptance"], sd["bleu"])] + [
+        (row["acceptance"], row["bleu"]) for name, row in rows.items() if name.startswith("static")
+    ]
+    expected = interpolate(curve, ours["acceptance"])
+    if expected is None:
+        results.append(("above the static-ensemble curve", None,
+                        f"acceptance {ours['acceptance']:.3f} outside the curve's range"))  # fmt: skip
+    else:
+        results.append(("above the static-ensemble curve", ours["bleu"] > expected,
+                        (f"BLEU {ours['bleu']:.2f} vs {expected:.2f} on the curve at acceptance "
+                        f"{ours['acceptance']:.3f}")))  # fmt: skip
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    head = Path(args.head).expanduser() if args.head else train(args)
+
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    import specbench.config  # noqa: F401  (registers the schemas)
+    from specbench.data.datasets import dataset_settings, encode_sample, load_dataset_prompts
+    from specbench.decoding import DraftSchedule, EnsembleRule, GenerationSettings, VerificationRule
+    from specbench.decoding.diversed import load_diversed_rule
+    from specbench.evaluation import build_engines, compare
+    from specbench.models.loading import ModelSpec, load_drafter, load_verifier
+    from specbench.scoring import score_samples
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={PRESET}", "dataset.subset=heldout"])
+    verifier = load_verifier(ModelSpec(**cfg.model.verifier), cfg.runtime.device, cfg.runtime.dtype)
+    drafter = load_drafter(ModelSpec(**cfg.model.drafter), verifier, cfg.runtime.device, cfg.runtime.dtype)
+    data = dataset_settings(cfg.dataset)
+    prompts = load_dataset_prompts(data)[: args.limit]
+    encoded = [encode_sample(verifier.tokenizer, p, cfg.dataset.prompt_format) for p in prompts]
+    ids = [e[0] for e in encoded]
+    fmt = encoded[0][1]
+    _, stops = data.scorer(fmt)
+    references = [p.reference for p in prompts]
+    gamma = args.gamma or cfg.schedule.gamma
+    max_new = args.max_new_tokens or cfg.gen.max_new_tokens
+    seeds = [int(s) for s in args.seeds.split(",")]
+    weights = [float(w) for w in args.weights.split(",")]
+    print(f"{len(prompts)} held-out translation questions ({fmt}), T = 1, gamma = {gamma}, {max_new} new tokens, "
+          f"seeds {seeds}; drafter {drafter.name}; head {head}", flush=True)  # fmt: skip
+
+    methods: list[tuple[str, object]] = [("auto", None), ("sd", VerificationRule())]
+    methods += [(f"static w={w:g}", EnsembleRule(w, str(cfg.method.pool))) for w in weights]
+    methods.append(("diversed", load_diversed_rule(head, verifier, drafter, str(cfg.method.pool))))
+    rows: dict[str, dict] = {}
+    for name, rule in methods:
+        drafted = accepted = emitted = forwards = tokens = 0
+        wall = 0.0
+        texts: list[str] = []
+        refs: list = []
+        draft_weights: list[float] = []
+        seed_bleu: list[float] = []
+        for seed in seeds:
+            settings = GenerationSettings(max_new_tokens=max_new, temperature=1.0, seed=seed)
+            engine, _ = build_engines(verifier, drafter if rule is not None else None, rule,
+                                      DraftSchedule("constant", gamma=gamma), settings, baseline=False)  # fmt: skip
+            run = compare(engine, ids, batch_size=args.batch_size, progress=False).method
+            for result in run.results:
+                for record in result.rounds:
+                    drafted += record.drafted
+                    accepted += record.accepted
+                    emitted += record.emitted
+                    draft_weights.extend(record.draft_weights or ())
+                forwards += len(result.rounds)
+                tokens += len(result.output_ids)
+            wall += run.wall_time
+            outputs = [verifier.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in run.results]
+            seed_bleu.append(score_samples("bleu", outputs, references, stops=stops).metrics["quality_bleu"])
+            texts += outputs
+            refs += references
+        quality = score_samples("bleu", texts, refs, stops=stops)
+        bleu = quality.metrics["quality_bleu"]
+        rows[name] = {
+            "acceptance": accepted / drafted if drafted else 0.0,
+            "tau": emitted / forwards if forwards else 0.0,
+            "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "bleu": bleu,  # corpus BLEU over all seeds' outputs
+            "bleu_per_seed": seed_bleu,
+            "sentence_bleu": sum(x for x in quality.scores if x is not None) / max(len(quality.scores), 1),  # mean sentence BLEU (the training reward × 100)
+            "draft_weight": (sum(draft_weights) / len(draft_weights)) if draft_weights else
+            (rule.draft_weight if isinstance(rule, EnsembleRule) else None),
+        }
+        row = rows[name]
+        print(f"  {name:<14} acceptance {row['acceptance']:.3f}  tau {row['tau']:.2f}  "
+              f"{row['tokens_per_s']:.1f} tok/s  BLEU {row['bleu']:.2f}", flush=True)  # fmt: skip
+
+    header = (f"{'method':<16} {'draft w':>8} {'acceptance':>11} {'tau':>6} {'tokens/s':>9} {'BLEU':>7} "
+              f"{'seed range':>13} {'sent. BLEU':>10}")  # fmt: skip
+    print("\n" + header + "\n" + "-" * len(header))
+    for name, row in rows.items():
+        weight = "-" if row["draft_weight"] is None else f"{row['draft_weight']:.3f}"
+        acceptance = "-" if name == "auto" else f"{row['acceptance']:.3f}"
+        spread = f"{min(row['bleu_per_seed']):.2f}-{max(row['bleu_per_seed']):.2f}"
+        print(f"{name:<16} {weight:>8} {acceptance:>11} {row['tau']:>6.2f} {row['tokens_per_s']:>9.1f} "
+              f"{row['bleu']:>7.2f} {spread:>13} {row['sentence_bleu']:>10.2f}")  # fmt: skip
+    print("-" * len(header))
+    results = checks(rows)
+    for check, passed, figures in results:
+        verdict = "n/a " if passed is None else ("PASS" if passed else "FAIL")
+        print(f"[{verdict}] {check}: {figures}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "head": str(head), "prompts": len(prompts), "gamma": gamma, "max_new_tokens": max_new, "seeds": seeds,
+            "rows": rows, "checks": [{"check": c, "passed": p, "figures": f} for c, p, f in results],
+        }, indent=2) + "\n")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
