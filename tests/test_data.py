@@ -158,3 +158,22 @@ def test_encode_prompt_forced_plain():
     tokenizer = byte_tokenizer()
     ids, used = encode_prompt(tokenizer, "hi", mode="plain")
     assert (used, tokenizer.decode(ids)) == ("plain", "hi")
+
+
+def test_sharegpt_and_chat_message_rows_give_their_first_user_turn(tmp_path):
+    """ShareGPT-style prompt sets (the SD² recipe's second stage) load as jsonl with their first user turn."""
+    import json
+
+    from specbench.data.prompts import load_jsonl
+
+    path = tmp_path / "sharegpt.jsonl"
+    rows = [
+        {"id": "a", "conversations": [{"from": "system", "value": "be nice"}, {"from": "human", "value": "Hi?"},
+                                      {"from": "gpt", "value": "Hello."}]},
+        {"id": "b", "messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Red"}]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [(p.id, p.text) for p in load_jsonl(path)] == [("a", "Hi?"), ("b", "Name a colour.")]
+    path.write_text(json.dumps({"conversations": [{"from": "gpt", "value": "no question"}]}) + "\n")
+    with pytest.raises(ValueError, match="has no user turn"):
+        load_jsonl(path)

@@ -50,15 +50,30 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
+_USER_ROLES = ("user", "human")
+
+
+def _first_user_turn(turns: list[dict[str, Any]], name: str, where: str) -> str:
+    """The first user message of a chat: ShareGPT ``{"from": "human", "value"}`` or ``{"role": "user", "content"}``."""
+    for turn in turns:
+        role = turn.get("from", turn.get("role"))
+        text = turn.get("value", turn.get("content"))
+        if role in _USER_ROLES and isinstance(text, str):
+            return text
+    raise ValueError(f"{where}: field {name!r} has no user turn ({{'from': 'human'}} or {{'role': 'user'}})")
+
+
 def _prompt_text(row: dict[str, Any], prompt_field: str | None, where: str) -> str:
     if prompt_field is not None:
         fields = [prompt_field]
     else:
-        fields = ["prompt", "turns"]
+        fields = ["prompt", "turns", "conversations", "messages"]
     for name in fields:
         if name not in row:
             continue
         value = row[name]
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            return _first_user_turn(value, name, where)
         if isinstance(value, list):
             if not value or not isinstance(value[0], str):
                 raise ValueError(f"{where}: field {name!r} must be a non-empty list of strings")
@@ -93,7 +108,8 @@ def subset(items: list, limit: int | None = None, seed: int | None = None) -> li
 def load_jsonl(
     path: str | Path, limit: int | None = None, seed: int | None = None, prompt_field: str | None = None
 ) -> list[Prompt]:
-    """Prompts of a jsonl file whose rows have ``prompt`` or ``turns`` (first turn), or ``prompt_field``.
+    """Prompts of a jsonl file whose rows have ``prompt``, ``turns`` (first turn), ShareGPT ``conversations``
+    or chat ``messages`` (first user turn), or ``prompt_field``.
 
     ``id`` is the row's ``id`` or ``question_id``, else its line number.
     """
