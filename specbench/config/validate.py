@@ -214,6 +214,24 @@ def _check_steering(node: DictConfig) -> str:
     return name
 
 
+def _check_runtime(cfg: DictConfig) -> tuple[torch.device, torch.dtype]:
+    device = _checked("runtime.device", resolve_device, cfg.runtime.device)
+    dtype = _checked("runtime.dtype", resolve_dtype, cfg.runtime.dtype, device)
+    if cfg.runtime.num_threads is not None and cfg.runtime.num_threads < 1:
+        raise ConfigError(f"runtime.num_threads must be >= 1 or null, got {cfg.runtime.num_threads}")
+    return device, dtype
+
+
+def _verifier_spec(cfg: DictConfig) -> ModelSpec:
+    verifier = _model_spec(cfg.model.verifier, "model.verifier")
+    if verifier.kind not in VERIFIER_KINDS:
+        raise ConfigError(
+            f"model.verifier.kind={verifier.kind!r} is only valid for a drafter; allowed: {list(VERIFIER_KINDS)}"
+        )
+    _check_source(verifier, "model.verifier")
+    return verifier
+
+
 def _check_shards(num_shards: int, shard_id: int) -> None:
     if num_shards < 1:
         raise ConfigError(f"eval.num_shards must be >= 1, got {num_shards}")
@@ -246,18 +264,10 @@ def validate(cfg: DictConfig) -> RunPlan:
     if batch_size < 1:
         raise ConfigError(f"gen.batch_size must be >= 1, got {batch_size}")
     settings = _checked("gen", GenerationSettings, **gen)
-    device = _checked("runtime.device", resolve_device, cfg.runtime.device)
-    dtype = _checked("runtime.dtype", resolve_dtype, cfg.runtime.dtype, device)
-    if cfg.runtime.num_threads is not None and cfg.runtime.num_threads < 1:
-        raise ConfigError(f"runtime.num_threads must be >= 1 or null, got {cfg.runtime.num_threads}")
+    device, dtype = _check_runtime(cfg)
     _check_shards(cfg.eval.num_shards, cfg.eval.shard_id)
 
-    verifier = _model_spec(cfg.model.verifier, "model.verifier")
-    if verifier.kind not in VERIFIER_KINDS:
-        raise ConfigError(
-            f"model.verifier.kind={verifier.kind!r} is only valid for a drafter; allowed: {list(VERIFIER_KINDS)}"
-        )
-    _check_source(verifier, "model.verifier")
+    verifier = _verifier_spec(cfg)
     drafter: ModelSpec | None = None
     if method != "auto":
         drafter = _model_spec(cfg.model.drafter, "model.drafter")
@@ -347,14 +357,8 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
     else:
         _check_dataset(cfg.dataset)
         _check_scoring(cfg.scoring)
-    device = _checked("runtime.device", resolve_device, cfg.runtime.device)
-    dtype = _checked("runtime.dtype", resolve_dtype, cfg.runtime.dtype, device)
-    if cfg.runtime.num_threads is not None and cfg.runtime.num_threads < 1:
-        raise ConfigError(f"runtime.num_threads must be >= 1 or null, got {cfg.runtime.num_threads}")
-    verifier = _model_spec(cfg.model.verifier, "model.verifier")
-    if verifier.kind not in VERIFIER_KINDS:
-        raise ConfigError(f"model.verifier.kind={verifier.kind!r} is only valid for a drafter")
-    _check_source(verifier, "model.verifier")
+    device, dtype = _check_runtime(cfg)
+    verifier = _verifier_spec(cfg)
     drafter = _model_spec(cfg.model.drafter, "model.drafter")
     if drafter.kind == "none":
         raise ConfigError(f"task=train method={method} trains with a drafter; model.drafter.kind is 'none'")
@@ -380,15 +384,7 @@ def validate_synth(cfg: DictConfig) -> RunPlan:
         top_p=synth.top_p,
         seed=synth.seed,
     )
-    device = _checked("runtime.device", resolve_device, cfg.runtime.device)
-    dtype = _checked("runtime.dtype", resolve_dtype, cfg.runtime.dtype, device)
-    if cfg.runtime.num_threads is not None and cfg.runtime.num_threads < 1:
-        raise ConfigError(f"runtime.num_threads must be >= 1 or null, got {cfg.runtime.num_threads}")
-    verifier = _model_spec(cfg.model.verifier, "model.verifier")
-    if verifier.kind not in VERIFIER_KINDS:
-        raise ConfigError(
-            f"model.verifier.kind={verifier.kind!r} is only valid for a drafter; allowed: {list(VERIFIER_KINDS)}"
-        )
-    _check_source(verifier, "model.verifier")
+    device, dtype = _check_runtime(cfg)
+    verifier = _verifier_spec(cfg)
     _check_dataset(cfg.dataset)
     return RunPlan("auto", None, DraftSchedule(), settings, synth.batch_size, verifier, None, device, dtype)

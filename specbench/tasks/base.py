@@ -64,6 +64,18 @@ def run_task(task: Task) -> Any:
         return result
 
 
+def load_task_prompts(dataset: Any) -> list:
+    """The prompts of the ``dataset`` config; a missing source or a corrupt row becomes a one-line ConfigError."""
+    from specbench.data.datasets import DatasetUnavailableError, load_dataset_prompts
+
+    try:
+        return load_dataset_prompts(dataset)
+    except DatasetUnavailableError as err:
+        raise ConfigError(str(err)) from err
+    except ValueError as err:  # a corrupt row: the message names file and line
+        raise ConfigError(f"dataset.path: {err}") from err
+
+
 def output_dir(configured: str | None, key: str) -> Path:
     """``configured`` if set, else the Hydra run dir; created if missing.
 

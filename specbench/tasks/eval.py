@@ -13,10 +13,8 @@ from omegaconf import OmegaConf
 
 from specbench.config.validate import ConfigError, RunPlan, validate
 from specbench.data.datasets import (
-    DatasetUnavailableError,
     dataset_settings,
     encode_sample,
-    load_dataset_prompts,
 )
 from specbench.data.prompts import Prompt
 from specbench.decoding.engine import SampleResult
@@ -24,7 +22,7 @@ from specbench.evaluation import build_engines, compare, saved_timing, shard_ind
 from specbench.models.loading import LoadedModel, load_drafter, load_verifier
 from specbench.models.pair import PairMismatchError
 from specbench.scoring import ScoringOptions, score_run
-from specbench.tasks.base import Task, output_dir
+from specbench.tasks.base import Task, load_task_prompts, output_dir
 from specbench.tasks.method_parts import load_method_parts
 from specbench.tracking.run import flatten, may_change_on_rerun
 
@@ -102,7 +100,7 @@ class EvalTask(Task):
     def run(self) -> dict:
         cfg = self.cfg
         plan = self.plan or validate(cfg)  # run_task validated already; direct calls validate here
-        prompts = self._load_prompts()
+        prompts = load_task_prompts(self.cfg.dataset)
         selected = shard_indices(len(prompts), cfg.eval.num_shards, cfg.eval.shard_id)
         if not selected:
             raise ConfigError(
@@ -207,14 +205,6 @@ class EvalTask(Task):
             self.tracker.log_metric_steps("acceptance_by_position", [v for _, v in positions])
         for name in (CONFIG_FILE, SAMPLES_FILE, METRICS_FILE):
             self.tracker.log_artifact(out / name)
-
-    def _load_prompts(self) -> list[Prompt]:
-        try:
-            return load_dataset_prompts(self.cfg.dataset)
-        except DatasetUnavailableError as err:
-            raise ConfigError(str(err)) from err
-        except ValueError as err:  # a corrupt row: the message names file and line
-            raise ConfigError(f"dataset.path: {err}") from err
 
     def _score(self, out: Path, prompts: list[Prompt], formats: list[str]) -> dict:
         """Task quality (``quality_*``) of the samples in ``out``; samples.jsonl gains reference and score."""

@@ -10,8 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from specbench.config.validate import ConfigError, RunPlan, validate_synth
-from specbench.data.datasets import DatasetUnavailableError, dataset_settings, load_dataset_prompts
-from specbench.data.prompts import Prompt
+from specbench.data.datasets import dataset_settings
 from specbench.data.synthetic import (
     METADATA_FILE,
     SynthDataError,
@@ -23,7 +22,7 @@ from specbench.data.synthetic import (
 )
 from specbench.evaluation import shard_indices
 from specbench.models.loading import load_verifier
-from specbench.tasks.base import Task, output_dir
+from specbench.tasks.base import Task, load_task_prompts, output_dir
 
 
 class SynthTask(Task):
@@ -49,7 +48,7 @@ class SynthTask(Task):
         plan = self.plan or validate_synth(cfg)  # run_task validated already; direct calls validate here
         settings = SynthSettings.from_config(cfg.synth)
         data = dataset_settings(cfg.dataset)
-        prompts = self._load_prompts()
+        prompts = load_task_prompts(self.cfg.dataset)
         if not shard_indices(len(prompts), settings.num_shards, settings.shard_id):
             raise ConfigError(
                 f"synth.shard_id={settings.shard_id} of synth.num_shards={settings.num_shards} selects no "
@@ -108,14 +107,6 @@ class SynthTask(Task):
             check_resumable(out, settings, identity)
         except SynthDataError as err:
             raise ConfigError(str(err)) from err
-
-    def _load_prompts(self) -> list[Prompt]:
-        try:
-            return load_dataset_prompts(self.cfg.dataset)
-        except DatasetUnavailableError as err:
-            raise ConfigError(str(err)) from err
-        except ValueError as err:  # a corrupt row: the message names file and line
-            raise ConfigError(f"dataset.path: {err}") from err
 
 
 def format_summary(result: SynthResult) -> str:

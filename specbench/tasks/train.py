@@ -14,7 +14,7 @@ from specbench.config.validate import ConfigError, TrainPlan, validate_train
 from specbench.evaluation import eos_token_ids, pad_token_id
 from specbench.models.loading import LoadedModel, load_drafter, load_verifier
 from specbench.models.pair import PairMismatchError, shared_vocab_size
-from specbench.tasks.base import Task, output_dir
+from specbench.tasks.base import Task, load_task_prompts, output_dir
 from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
 
 TRAINED_FILE = "trained.pt"
@@ -84,15 +84,14 @@ class TrainTask(Task):
                 if isinstance(err, ConfigError):
                     raise
                 raise ConfigError(str(err)) from err
-        from specbench.data.datasets import DatasetUnavailableError, load_dataset_prompts
         from specbench.training.diversed import build_diversed_training
 
+        prompts = load_task_prompts(self.cfg.dataset)
         try:
-            prompts = load_dataset_prompts(self.cfg.dataset)
             return build_diversed_training(self.cfg, verifier, drafter, prompts)
-        except ConfigError:
-            raise
-        except (DatasetUnavailableError, ValueError) as err:  # bad train.* values, a dataset without rewards
+        except ValueError as err:  # bad train.* values, a dataset without per-sample rewards
+            if isinstance(err, ConfigError):
+                raise
             raise ConfigError(" ".join(str(err).split())) from err
 
 
