@@ -14,6 +14,9 @@ from specbench.decoding.engine import GenerationSettings, RoundRecord, SampleRes
 from specbench.decoding.metrics import summarize
 from specbench.decoding.rules import VerificationRule
 from specbench.decoding.schedules import DraftSchedule
+from specbench.drafters.base import Drafter
+from specbench.drafters.model import ModelDrafter
+from specbench.drafters.sd2 import SD2Drafter
 from specbench.drafters.steering import SteeredDrafter
 from specbench.models.loading import LoadedModel
 from specbench.models.pair import shared_vocab_size
@@ -71,7 +74,7 @@ def pad_token_id(tokenizer: PreTrainedTokenizerBase, eos_ids: Sequence[int]) -> 
 
 def build_engines(
     verifier: LoadedModel,
-    drafter: LoadedModel | None,
+    drafter: LoadedModel | Drafter | None,
     rule: VerificationRule | None,
     schedule: DraftSchedule,
     settings: GenerationSettings,
@@ -80,14 +83,22 @@ def build_engines(
 ) -> tuple[SpeculativeEngine, SpeculativeEngine | None]:
     """The method's engine and, if ``baseline`` and there is a drafter, an autoregressive engine of the verifier.
 
-    Both use the shared vocabulary (checked by :func:`shared_vocab_size`), the same EOS / pad ids and settings.
-    Without a drafter the method is itself autoregressive decoding and no baseline engine is built.
+    ``drafter``: a loaded model (decoded by a :class:`ModelDrafter`, or by an :class:`SD2Drafter` when
+    ``steering`` is given), any :class:`Drafter`, or None. Both engines use the shared vocabulary (checked
+    by :func:`shared_vocab_size`), the same EOS / pad ids and settings. Without a drafter the method is
+    itself autoregressive decoding and no baseline engine is built.
     """
     tokenizer = verifier.tokenizer
-    if drafter is not None:
+    vocab = min(len(tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+    drafter_impl: Drafter | None = drafter if isinstance(drafter, Drafter) else None
+    if isinstance(drafter, LoadedModel):
         vocab = shared_vocab_size(verifier.model, drafter.model, tokenizer, drafter.tokenizer)
-    else:
-        vocab = min(len(tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+        if steering is not None:
+            drafter_impl = SD2Drafter(steering, vocab, drafter.name)
+        else:
+            drafter_impl = ModelDrafter(drafter.model, vocab, drafter.name)
+    elif steering is not None:
+        raise ValueError("SD² steering needs a model drafter")
     eos = eos_token_ids(verifier.model, tokenizer)
     common = {
         "schedule": schedule,
@@ -96,8 +107,8 @@ def build_engines(
         "eos_token_ids": eos,
         "pad_token_id": pad_token_id(tokenizer, eos),
     }
-    engine = SpeculativeEngine(verifier.model, drafter.model if drafter else None, rule, steering=steering, **common)
-    reference = SpeculativeEngine(verifier.model, None, None, **common) if baseline and drafter else None
+    engine = SpeculativeEngine(verifier.model, drafter_impl, rule, **common)
+    reference = SpeculativeEngine(verifier.model, None, None, **common) if baseline and drafter_impl else None
     return engine, reference
 
 

@@ -185,13 +185,14 @@ def test_vocab_slicing_and_hidden_states():
     assert out.logits.shape == (1, 6, 259) and out.logits.dtype == torch.float32
     torch.testing.assert_close(out.logits[0], fresh_logits(arch, seq)[:, :259], atol=ATOL, rtol=0)
     assert out.hidden.shape == (1, 6, model(arch).config.hidden_size)
-    assert out.hidden_states is None
+    assert out.taps == {}
     # "last-layer hidden state after the final norm": the LM head applied to it gives the logits.
     with torch.no_grad():
         relogits = model(arch).lm_head(out.hidden)[..., :259]
     torch.testing.assert_close(relogits, out.logits, atol=ATOL, rtol=0)
-    out = cm.forward(torch.tensor([tokens(41, 2)]), output_all_hidden=True)
-    assert len(out.hidden_states) == model(arch).config.num_hidden_layers + 1
+    depth = model(arch).config.num_hidden_layers
+    out = cm.forward(torch.tensor([tokens(41, 2)]), output_taps=(0, depth))
+    assert sorted(out.taps) == [0, depth] and out.hidden is None
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

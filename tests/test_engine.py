@@ -414,7 +414,8 @@ def test_sampling_distribution_test_has_power():
     """The chi-square check above rejects a plausible bug: drafts accepted without verification (π = q)."""
     arch = "llama"
     prompt = PROMPTS[1]
-    engine = make_engine(arch, "perturbed", EnsembleRule(1.0), make_schedule("constant", 4), temperature=1.0,
+    # An independent drafter: the bug must show against a drafter that really differs from the verifier.
+    engine = make_engine(arch, "independent", EnsembleRule(1.0), make_schedule("constant", 4), temperature=1.0,
                          max_new_tokens=3, seed=99, eos=())
     outs = np.array([r.output_ids for r in engine.generate([prompt] * (SAMPLE_ROWS // 2))])
     _p1, joint = exact_first_tokens(verifier(arch), prompt)

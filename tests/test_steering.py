@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
+from specbench.drafters.sd2 import SD2Drafter
 from specbench.drafters.steering import SteeredDrafter, SteeringHead, resolve_spec, verifier_features
 from specbench.models.early_exit import early_exit_drafter
+from specbench.models.taps import record_states
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 
 PROMPTS = [[65], [72, 101, 108], [1, 2, 3, 4, 5, 6], [200, 17, 99, 3, 45, 250, 11, 8, 77]]
@@ -36,8 +38,10 @@ def steered(arch="llama", guide="merged", d_layers="all", rank=None, scale=0.0, 
 
 
 def features_for(verifier, ids):
-    out = verifier(input_ids=ids, output_hidden_states=True)
-    return out.hidden_states
+    """Every tap of the verifier (the convention of specbench.models.taps) for ``ids``."""
+    with record_states(verifier, range(verifier.config.num_hidden_layers + 1)) as states:
+        verifier(input_ids=ids)
+    return states.taps
 
 
 def test_fusion_starts_as_the_plain_sum_and_projection_at_zero():
@@ -129,9 +133,8 @@ def test_bad_steering_settings_name_the_key():
 
 def engine(verifier, drafter, steering, gamma, settings=None, batch=False):
     return SpeculativeEngine(
-        verifier, drafter, schedule=DraftSchedule("constant", gamma),
+        verifier, SD2Drafter(steering) if steering is not None else drafter, schedule=DraftSchedule("constant", gamma),
         settings=settings or GenerationSettings(max_new_tokens=24), eos_token_ids=[EOS_ID], pad_token_id=PAD_ID,
-        steering=steering,
     )
 
 

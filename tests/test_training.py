@@ -12,6 +12,7 @@ import torch
 from datasets import Dataset, DatasetDict
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
+from specbench.drafters.sd2 import SD2Drafter
 from specbench.drafters.steering import SteeredDrafter, resolve_spec, verifier_features
 from specbench.drafters.trained import (
     CheckpointMismatchError,
@@ -21,6 +22,7 @@ from specbench.drafters.trained import (
     trainable_drafter,
 )
 from specbench.models.early_exit import early_exit_drafter
+from specbench.models.taps import record_states
 from specbench.models.loading import LoadedModel, ModelSpec
 from specbench.models.tiny import EOS_ID, PAD_ID, byte_tokenizer, tiny_random_model
 from specbench.training.drafter import (
@@ -133,7 +135,9 @@ def test_training_steering_matches_the_decoding_alignment():
     verifier, drafter = models()
     spec = resolve_spec(verifier.model, drafter.model, V_LAYERS)
     ids = torch.tensor([[5, 9, 33, 71, 12, 8]])
-    feats = verifier_features(verifier.model(input_ids=ids, output_hidden_states=True).hidden_states, spec.v_layers)
+    with record_states(verifier.model, spec.v_layers) as states:
+        verifier.model(input_ids=ids)
+    feats = verifier_features(states.taps, spec.v_layers)
     src = steering_sources("random", 1, torch.tensor([3]), 6, max_offset=3)
     assert src[0, 2] == 1  # the last prompt position (predicting the first response token) reads position 1
     gathered = torch.gather(feats, 1, src.clamp(min=0).unsqueeze(-1).expand(-1, -1, feats.shape[-1]))
@@ -223,9 +227,8 @@ def test_trained_sd2_checkpoint_loads_for_decoding_and_stays_lossless(tmp_path):
         torch.testing.assert_close(trained.drafter.model.state_dict()[name], param)
     torch.testing.assert_close(trained.steering.head.project.weight, module.steering.head.project.weight)
     engine = SpeculativeEngine(
-        fresh_verifier.model, trained.drafter.model, schedule=DraftSchedule("constant", 3),
+        fresh_verifier.model, SD2Drafter(trained.steering), schedule=DraftSchedule("constant", 3),
         settings=GenerationSettings(max_new_tokens=16), eos_token_ids=[EOS_ID], pad_token_id=PAD_ID,
-        steering=trained.steering,
     )
     prompt = [5, 9, 33, 71]
     want = fresh_verifier.model.generate(

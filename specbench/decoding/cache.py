@@ -10,17 +10,20 @@ stays in the attended context or wastes attention compute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+
+from specbench.models.taps import record_states
 
 
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor  # (B, W, vocab) float32, sliced to the shared vocabulary
-    hidden: torch.Tensor | None  # (B, W, H) last-layer hidden state (after the final norm)
-    hidden_states: tuple[torch.Tensor, ...] | None  # all layers, when requested
+    hidden: torch.Tensor | None  # (B, W, H) last hidden state: the LM head's input (final-normed)
+    taps: dict[int, torch.Tensor] = field(default_factory=dict)  # residual-stream taps (specbench.models.taps)
 
 
 class CachedModel:
@@ -48,35 +51,32 @@ class CachedModel:
         input_ids: torch.Tensor,
         input_valid: torch.Tensor | None = None,
         output_hidden: bool = False,
-        output_all_hidden: bool = False,
+        output_taps: Sequence[int] = (),
+        **model_inputs: torch.Tensor,
     ) -> ForwardOutput:
-        """Append ``input_ids`` (B, W) to the cache; ``input_valid`` marks padding columns as False."""
+        """Append ``input_ids`` (B, W) to the cache; ``input_valid`` marks padding columns as False.
+
+        ``output_hidden``: also return the last hidden state; ``output_taps``: the residual-stream taps
+        with these indices (both as defined in :mod:`specbench.models.taps`). ``model_inputs`` are passed
+        to the model's forward as they are (e.g. per-position features of a drafter head)."""
         if input_valid is None:
             input_valid = torch.ones_like(input_ids, dtype=torch.bool)
         positions = self.num_valid.unsqueeze(1) + input_valid.long().cumsum(dim=1) - 1
         positions = positions.clamp(min=0)
         attention = torch.cat([self.valid, input_valid], dim=1).long()
-        want_hidden = output_hidden or output_all_hidden
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            cache=self.cache,
-            use_cache=True,
-            output_hidden_states=want_hidden,
-        )
+        with record_states(self.model, output_taps, output_hidden) as states:
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                position_ids=positions,
+                cache=self.cache,
+                use_cache=True,
+                **model_inputs,
+            )
         self.valid = torch.cat([self.valid, input_valid], dim=1)
-        hidden_states = out.hidden_states if want_hidden else None
         return ForwardOutput(
-            logits=out.logits[..., : self.vocab_size].float(),
-            hidden=self._final_hidden(hidden_states) if want_hidden else None,
-            hidden_states=hidden_states if output_all_hidden else None,
+            logits=out.logits[..., : self.vocab_size].float(), hidden=states.last, taps=states.taps
         )
-
-    def _final_hidden(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        # transformers 5.x returns every layer's output before the final norm; apply it here.
-        norm = getattr(self.model.base_model, "norm", None)
-        return norm(hidden_states[-1]) if norm is not None else hidden_states[-1]
 
     def keep(self, counts: torch.Tensor) -> None:
         """Keep only the first ``counts[b]`` cached tokens of each row; drop the rest from attention."""

@@ -30,6 +30,10 @@ from specbench.models.pair import CheckpointMismatchError, metadata_differences,
 METHOD = "diversed"
 # Metadata keys that identify the pair a head was trained for (all must match to load it).
 PAIR_KEYS = ("verifier", "drafter", "tokenizer_hash", "verifier_hidden_size", "drafter_hidden_size")
+# What the head reads. 2: each model's LM-head input (the final-normed last hidden state). Heads written
+# before carry no version: they were trained on the final norm applied twice, and are refused.
+INPUT_FORMAT_KEY = "head_input_format"
+INPUT_FORMAT = 2
 
 
 class WeightHead(nn.Module):
@@ -146,6 +150,7 @@ def pair_metadata(verifier: LoadedModel, drafter: LoadedModel, pool: str = "line
         "drafter_hidden_size": hidden_size(drafter),
         "vocab_size": len(verifier.tokenizer),
         "pool": pool,
+        INPUT_FORMAT_KEY: INPUT_FORMAT,
     }
 
 
@@ -155,6 +160,13 @@ def check_pair(metadata: Mapping[str, Any], expected: Mapping[str, Any], source:
         raise CheckpointMismatchError(
             f"{source} is not a DIVERSED head (its metadata says method={metadata.get('method')!r}); pass the "
             "trained.pt or last.ckpt that `task=train method=diversed` wrote"
+        )
+    if metadata.get(INPUT_FORMAT_KEY) != INPUT_FORMAT:
+        raise CheckpointMismatchError(
+            f"{source} was trained on an older hidden-state input (format {metadata.get(INPUT_FORMAT_KEY)!r}; "
+            f"this specbench reads format {INPUT_FORMAT}: the LM head's input, normed once — heads written before "
+            "read the final norm applied twice); train the head again with `python launch.py task=train "
+            "method=diversed`"
         )
     details = metadata_differences(metadata, expected, PAIR_KEYS)
     if details:
@@ -197,7 +209,7 @@ def load_diversed_rule(
     hidden sizes or tokenizer hash differ), FileNotFoundError / ValueError for a missing or foreign file.
     A head trained with the other pool is used as asked, with a warning.
     """
-    from specbench.training.trainer import read_checkpoint
+    from specbench.training.checkpoints import read_checkpoint
 
     state_dict, metadata = read_checkpoint(path)
     expected = pair_metadata(verifier, drafter, pool)

@@ -27,6 +27,9 @@ class VerificationRule:
 
     name = "sd"
     requires_hidden_states = False
+    # Whether the rule is defined for a deterministic proposal (q one-hot on the draft): rules whose math
+    # mixes in or thresholds the drafter's distribution need a real q and refuse such drafters.
+    accepts_deterministic = True
 
     @property
     def lossless(self) -> bool:
@@ -114,6 +117,7 @@ class EnsembleRule(VerificationRule):
 
     name = "static_ensemble"
     POOLS = ("linear", "log_linear")
+    accepts_deterministic = False
 
     def __init__(self, draft_weight: float, pool: str = "linear"):
         if not 0.0 <= draft_weight <= 1.0:
@@ -158,6 +162,7 @@ class CascadeRule(VerificationRule):
 
     name = "cascade"
     DEFERRALS = ("chow", "diff", "opt", "token")
+    accepts_deterministic = False
 
     def __init__(self, deferral: str, alpha: float):
         if deferral not in self.DEFERRALS:

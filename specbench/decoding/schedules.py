@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 SCHEDULES = ("constant", "heuristic", "dynamic")
 
 
@@ -39,6 +41,9 @@ class DraftSchedule:
             return min(current + 2, self.max_gamma)
         return max(1, current - 1)
 
-    def stops_early(self, drafted_token_prob: float) -> bool:
-        """Whether drafting stops after a token the drafter gave this probability (dynamic only)."""
-        return self.name == "dynamic" and drafted_token_prob < self.confidence_threshold
+    def continues(self, drafted_token_prob: torch.Tensor) -> torch.Tensor:
+        """(B,) whether each row may draft another token after one the drafter gave this probability
+        (``dynamic`` stops below ``confidence_threshold``; other schedules only cap the length)."""
+        if self.name == "dynamic":
+            return drafted_token_prob >= self.confidence_threshold
+        return torch.ones_like(drafted_token_prob, dtype=torch.bool)

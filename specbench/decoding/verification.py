@@ -16,10 +16,16 @@ class Verdict:
     next_token: torch.Tensor  # (B,) correction token (n < len) or bonus token (n == len)
 
 
+def one_hot_proposal(drafts: torch.Tensor, vocab_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """q of a deterministic proposal: (B, G, V) one-hot on each drafted token."""
+    q = torch.zeros(*drafts.shape, vocab_size, dtype=dtype, device=drafts.device)
+    return q.scatter_(-1, drafts.unsqueeze(-1), 1.0)
+
+
 def verify_round(
     rule: VerificationRule,
     p: torch.Tensor,
-    q: torch.Tensor,
+    q: torch.Tensor | None,
     drafts: torch.Tensor,
     draft_lens: torch.Tensor,
     greedy: bool,
@@ -29,9 +35,31 @@ def verify_round(
     """Verify drafts of one round.
 
     p: (B, G+1, V) verifier distributions (position i predicts draft i; index G is the bonus slot),
-    q: (B, G, V) the exact distributions the drafter drew from, drafts: (B, G), draft_lens: (B,)
-    with entries ≤ G (positions past a row's length are ignored), weights: optional (B, G).
+    q: (B, G, V) the exact distributions the drafter drew from, or None for a deterministic proposal
+    (q is then one-hot on each draft: for ``sd`` the acceptance is p(x) and the residual p with x removed),
+    drafts: (B, G), draft_lens: (B,) with entries ≤ G (positions past a row's length are ignored),
+    weights: optional (B, G). A rule that verifies whole blocks provides ``verify_block`` with this signature.
     """
+    if q is None:
+        q = one_hot_proposal(drafts, p.shape[-1], p.dtype)
+    block = getattr(rule, "verify_block", None)
+    if block is not None:
+        return block(p, q, drafts, draft_lens, greedy, generator, weights)
+    return verify_tokenwise(rule, p, q, drafts, draft_lens, greedy, generator, weights)
+
+
+def verify_tokenwise(
+    rule: VerificationRule,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    drafts: torch.Tensor,
+    draft_lens: torch.Tensor,
+    greedy: bool,
+    generator: torch.Generator | None = None,
+    weights: torch.Tensor | None = None,
+) -> Verdict:
+    """Token-wise verification (methods.md §2): accept the longest prefix with u_i < a_i(x_i), then a
+    correction from the residual or the bonus token from p."""
     batch, gamma = drafts.shape
     rows = torch.arange(batch, device=p.device)
     positions = torch.arange(gamma, device=p.device)

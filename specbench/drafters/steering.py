@@ -12,7 +12,7 @@ verifier's own forward passes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -125,9 +125,10 @@ def resolve_spec(
     return SteeringSpec(v_layers, guide_method, d_layers, rank, int(verifier.config.hidden_size), int(out_size))
 
 
-def verifier_features(hidden_states: Sequence[torch.Tensor], v_layers: Sequence[int]) -> torch.Tensor:
-    """Concatenate the verifier's hidden states at ``v_layers`` (ascending; index 0 = embeddings)."""
-    return torch.cat([hidden_states[i] for i in v_layers], dim=-1)
+def verifier_features(taps: Mapping[int, torch.Tensor], v_layers: Sequence[int]) -> torch.Tensor:
+    """Concatenate the verifier's taps at ``v_layers`` (ascending; see :mod:`specbench.models.taps`:
+    index 0 = embeddings, i = residual stream after i layers, before the final norm)."""
+    return torch.cat([taps[i] for i in v_layers], dim=-1)
 
 
 class SteeredDrafter(nn.Module):

@@ -66,6 +66,18 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+def _perturb_norms(model: PreTrainedModel) -> None:
+    """Give every norm weight a random non-unit value (uniform in [0.5, 1.5]).
+
+    transformers initialises norm weights to exactly 1, and RMSNorm with weight 1 is nearly idempotent:
+    a norm applied twice, or where it does not belong, would then change nothing a test can see.
+    """
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                param.uniform_(0.5, 1.5)
+
+
 def tiny_random_model(
     arch: str = "llama",
     seed: int = 0,
@@ -83,7 +95,8 @@ def tiny_random_model(
     ``vocab_size`` defaults to 320 > 259 tokenizer tokens: an intentionally padded LM head whose padded
     rows are zero (logit 0, like untrained padding: some probability mass, practically never the
     argmax). The large ``initializer_range`` makes next-token distributions peaked enough that greedy
-    argmax is not decided by float noise. The global torch RNG state is left untouched.
+    argmax is not decided by float noise. Norm weights are random and non-unit (:func:`_perturb_norms`).
+    The global torch RNG state is left untouched.
     """
     if arch not in _ARCHS:
         raise ValueError(f"Unknown tiny model arch {arch!r}: expected one of {sorted(_ARCHS)}.")
@@ -109,6 +122,7 @@ def tiny_random_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_cls(config)
+        _perturb_norms(model)
     with torch.no_grad():
         model.lm_head.weight[EOS_ID + 1 :].zero_()
     model.name_or_path = f"specbench/tiny-random-{arch}-L{num_layers}-H{hidden_size}-seed{seed}"

@@ -17,7 +17,9 @@ from transformers import PreTrainedModel
 
 from specbench.decoding.engine import GenerationSettings, SpeculativeEngine
 from specbench.decoding.schedules import DraftSchedule
+from specbench.drafters.sd2 import SD2Drafter
 from specbench.drafters.steering import SteeredDrafter, verifier_features
+from specbench.models.taps import record_states
 from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
 
 LOSSES = ("kl", "rkl", "tvd")
@@ -155,17 +157,16 @@ class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
     def losses(self, batch: dict[str, torch.Tensor], offset: int, phase: int = 0) -> dict[str, torch.Tensor]:
         ids, attention = batch["input_ids"], batch["attention_mask"]
         predicting = predict_mask(batch["loss_mask"]) & attention.bool()
-        with torch.no_grad():
-            v_out = self.verifier.base_model(
-                input_ids=ids, attention_mask=attention, output_hidden_states=self.steering is not None
-            )
+        taps = self.steering.spec.v_layers if self.steering is not None else ()
+        with torch.no_grad(), record_states(self.verifier, taps) as states:
+            v_out = self.verifier.base_model(input_ids=ids, attention_mask=attention)
             p_logits = self.verifier.get_output_embeddings()(v_out.last_hidden_state[predicting])[:, : self.vocab_size]
         if self.steering is not None:
             sources = steering_sources(
                 self.train_cfg.offset, offset, batch["prompt_len"], ids.shape[1], self.train_cfg.max_offset, phase
             )
             steered = predicting & (sources >= 0)
-            features = verifier_features(v_out.hidden_states, self.steering.spec.v_layers)
+            features = verifier_features(states.taps, self.steering.spec.v_layers)
             index = sources.clamp(min=0).unsqueeze(-1).expand(-1, -1, features.shape[-1])
             deltas = self.steering.deltas(torch.gather(features, 1, index), steered)
             with self.steering.steer(deltas):
@@ -211,15 +212,17 @@ def speculative_tau(module: DrafterTraining, prompts: list[list[int]]) -> float:
     was_training = module.training
     module.eval()
     try:
+        drafter = module.drafter
+        if module.steering is not None:
+            drafter = SD2Drafter(module.steering, module.vocab_size)
         engine = SpeculativeEngine(
             module.verifier,
-            module.drafter,
+            drafter,
             schedule=DraftSchedule("constant", module.train_cfg.max_offset),
             settings=GenerationSettings(max_new_tokens=VAL_MAX_NEW_TOKENS),
             vocab_size=module.vocab_size,
             eos_token_ids=module.eos_token_ids,
             pad_token_id=module.pad_token_id,
-            steering=module.steering,
         )
         results = [engine.generate([p])[0] for p in prompts]
     finally:
