@@ -141,6 +141,7 @@ class SpeculativeEngine:
         self.rule = rule or VerificationRule()
         self._check_rule()
         self.schedule = schedule or DraftSchedule()
+        self.schedule.bind(self.drafter)
         self.settings = settings or GenerationSettings()
         self.warping = self.settings.warping
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
@@ -215,9 +216,10 @@ class SpeculativeEngine:
         t0 = self.clock.now()
         proposal = Proposal.empty(state.size, self.device)
         if self.drafter is not None:
-            caps = torch.clamp(torch.minimum(state.gammas, budget), min=0)
+            caps = torch.clamp(torch.minimum(self.schedule.caps(state.gammas), budget), min=0)
             if int(caps.max()) > 0:
                 proposal = self.drafter.propose(state, caps, sampler, want_hidden=self.rule.requires_hidden_states)
+                proposal = self.schedule.trim(proposal)
         t1 = self.clock.now()
         drafts, draft_lens = proposal.tokens, proposal.lengths
         verifier_input = torch.cat([state.last_tokens().unsqueeze(1), drafts], dim=1)
@@ -235,6 +237,8 @@ class SpeculativeEngine:
             self.rule, p, proposal.q, drafts, draft_lens, self.warping.greedy, self.generator, weights
         )
         t2 = self.clock.now()
+        if self.drafter is not None:
+            self.schedule.observe(proposal, verdict.accepted)
         self._commit(state, results, proposal, verdict.accepted, verdict.next_token, weights, view,
                      draft_time=t1 - t0, verify_time=t2 - t1, draft_forwards=proposal.forwards)
 

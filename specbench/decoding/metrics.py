@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from specbench.decoding.cost import CostProfile
 from specbench.decoding.engine import SampleResult
 
 
@@ -52,18 +53,21 @@ def summarize(
     results: Sequence[SampleResult],
     wall_time: float,
     baseline_tokens_per_s: float | None = None,
+    profile: CostProfile | None = None,
 ) -> dict:
     """Flat metrics dict: τ, acceptance, tokens/s, cost ratio c, predicted and measured speedup.
 
     ``wall_time`` is the decoding time of the whole run (sum over batches), so batched rows are not
-    counted twice.
+    counted twice. ``predicted_speedup`` is Leviathan's S(α, γ, c), which assumes that verifying γ + 1
+    tokens costs one decoding step; with a measured ``profile`` (task=profile) also
+    ``predicted_speedup_profile``: the run's own rounds priced with the measured v(n) and c.
     """
     rounds = [r for res in results for r in res.rounds]
     new_tokens = sum(len(res.output_ids) for res in results)
     forwards = len(rounds)
     drafted = sum(r.drafted for r in rounds)
     accepted = sum(r.accepted for r in rounds)
-    drafting_rounds = [r for r in rounds if r.draft_forwards > 0]
+    drafting_rounds = [r for r in rounds if r.draft_forwards > 0 or r.drafted > 0]
     metrics = {
         "num_samples": len(results),
         "new_tokens": new_tokens,
@@ -77,12 +81,16 @@ def summarize(
     for k, rate in enumerate(per_position_acceptance(results), start=1):
         metrics[f"acceptance_pos_{k}"] = rate
     if drafting_rounds:
-        draft_step = sum(r.draft_time for r in drafting_rounds) / sum(r.draft_forwards for r in drafting_rounds)
+        # Per drafter forward for model drafters; per drafted token for model-free ones (no forwards).
+        steps = sum(r.draft_forwards for r in drafting_rounds) or sum(r.drafted for r in drafting_rounds)
+        draft_step = sum(r.draft_time for r in drafting_rounds) / steps
         verify_step = sum(r.verify_time for r in drafting_rounds) / len(drafting_rounds)
         cost_ratio = draft_step / verify_step if verify_step > 0 else 0.0
         gamma = sum(r.drafted for r in drafting_rounds) / len(drafting_rounds)
         metrics["cost_ratio"] = cost_ratio
         metrics["predicted_speedup"] = predicted_speedup(metrics["acceptance_rate"], gamma, cost_ratio)
+    if profile is not None and rounds:
+        metrics["predicted_speedup_profile"] = profile.predicted_speedup([(r.drafted, r.emitted) for r in rounds])
     weights = [r.mean_draft_weight for r in rounds if r.mean_draft_weight is not None]
     if weights:
         metrics["mean_draft_weight"] = sum(weights) / len(weights)

@@ -41,6 +41,20 @@ class DraftSchedule:
             return min(current + 2, self.max_gamma)
         return max(1, current - 1)
 
+    def bind(self, drafter) -> None:
+        """Called once by the engine with its drafter (stateless schedules ignore it)."""
+
+    def caps(self, gammas: torch.Tensor) -> torch.Tensor:
+        """(B,) the most tokens each row may draft this round (before the token budget)."""
+        return gammas
+
+    def trim(self, proposal):
+        """The proposal to verify (a schedule may shorten drafts it expects not to pay off)."""
+        return proposal
+
+    def observe(self, proposal, accepted: torch.Tensor) -> None:
+        """What a round's verification accepted (``accepted[b]`` of ``proposal.lengths[b]``)."""
+
     def continues(self, drafted_token_prob: torch.Tensor) -> torch.Tensor:
         """(B,) whether each row may draft another token after one the drafter gave this probability
         (``dynamic`` stops below ``confidence_threshold``; other schedules only cap the length)."""

@@ -82,7 +82,9 @@ class Proposal:
     (the verification rules then treat q as one-hot on the drafted token);
     hidden: (B, G, H) the drafter's own final hidden state at each drafted position (rules that read drafter
     states, e.g. DIVERSED, ask for it through ``want_hidden``), else None;
-    forwards: drafter forward passes spent (0 for model-free drafters), for the cost accounting.
+    forwards: drafter forward passes spent (0 for model-free drafters), for the cost accounting;
+    match_lengths: (B,) for lookup drafters, the length of the context match each row's drafts continue
+    (0: no match), which the cost-aware schedule uses to estimate acceptance; None otherwise.
     """
 
     tokens: torch.Tensor
@@ -90,6 +92,18 @@ class Proposal:
     q: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     forwards: int = 0
+    match_lengths: torch.Tensor | None = None
+
+    def truncated(self, lengths: torch.Tensor) -> Proposal:
+        """The same drafts cut to ``lengths`` (<= the current ones), columns no row uses dropped."""
+        lengths = torch.minimum(lengths, self.lengths)
+        width = int(lengths.max()) if lengths.numel() else 0
+        return Proposal(
+            self.tokens[:, :width], lengths,
+            None if self.q is None else self.q[:, :width],
+            None if self.hidden is None else self.hidden[:, :width],
+            self.forwards, self.match_lengths,
+        )  # fmt: skip
 
     @classmethod
     def empty(cls, batch: int, device: torch.device) -> Proposal:
