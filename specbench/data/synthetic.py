@@ -12,7 +12,8 @@ in eval), up to ``target_len`` tokens in all, and writes
 
 A row: ``input_ids`` (prompt + generated ids), ``loss_mask`` (0 on the prompt, 1 on generated tokens,
 EOS included; nothing is padded), ``prompt_len``, ``source_index`` (position in the whole prompt set),
-``source_id`` (the prompt's id, as a string) and ``finished_by_eos``.
+``source_id`` (the prompt's id, as a string), ``response_index`` (0..``responses_per_prompt``-1: one
+prompt may get several sampled responses) and ``finished_by_eos``.
 
 :func:`load_synthetic` reads one or several such outputs (the shards of an array, or several runs of
 one verifier) into one ``DatasetDict``, checking that they fit together and that every row is sound.
@@ -47,6 +48,7 @@ METADATA_FILE = "specbench_synth.json"
 DATASET_DIR = "dataset"
 SPLITS = ("train", "validation")
 COLUMNS = ("input_ids", "loss_mask", "prompt_len", "source_index", "source_id", "finished_by_eos")
+OPTIONAL_COLUMNS = ("response_index",)  # absent in data written before responses_per_prompt (= 0)
 # Identity keys that every part of a merged dataset must share (see :func:`run_identity`).
 MERGE_KEYS = (
     "verifier",
@@ -83,8 +85,14 @@ class SynthSettings:
     validation_fraction: float = 0.05
     num_shards: int = 1
     shard_id: int = 0
+    responses_per_prompt: int = 1
+    max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.responses_per_prompt < 1:
+            raise ValueError(f"synth.responses_per_prompt must be >= 1, got {self.responses_per_prompt}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"synth.max_new_tokens must be >= 1 or null, got {self.max_new_tokens}")
         if self.target_len < 2:
             raise ValueError(
                 f"synth.target_len must be >= 2 (prompt + generated tokens), got {self.target_len}"
@@ -276,9 +284,14 @@ def split_rows(rows: Sequence[dict], fraction: float) -> tuple[list[dict], list[
     return train, validation
 
 
+def job_id(source_index: int, response_index: int, responses_per_prompt: int) -> int:
+    """One number per (prompt, response): the source index itself when each prompt gets one response."""
+    return source_index * responses_per_prompt + response_index
+
+
 def batch_seed(seed: int, first_index: int) -> int:
-    """The sampling seed of the batch whose first prompt is ``first_index`` (independent of what ran
-    before it, so a resumed run draws the same numbers as an uninterrupted one)."""
+    """The sampling seed of the batch whose first job (:func:`job_id`) is ``first_index`` (independent of
+    what ran before it, so a resumed run draws the same numbers as an uninterrupted one)."""
     digest = hashlib.sha256(f"synth:{seed}:{first_index}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
 
@@ -296,6 +309,7 @@ def make_row(
     eos_token_ids: Iterable[int],
     source_index: int,
     source_id: Any,
+    response_index: int = 0,
 ) -> dict:
     """One row: the prompt and the generated ids cut to ``target_len`` tokens in all."""
     kept = list(output_ids[: max(target_len - len(prompt_ids), 0)])
@@ -306,6 +320,7 @@ def make_row(
         "prompt_len": len(prompt_ids),
         "source_index": int(source_index),
         "source_id": str(source_id),
+        "response_index": int(response_index),
         "finished_by_eos": bool(kept) and kept[-1] in eos,
     }
 
@@ -319,6 +334,7 @@ class _Packed:
     prompt_len: int
     finished_by_eos: bool
     ids: array
+    response_index: int = 0
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> _Packed:
@@ -328,7 +344,12 @@ class _Packed:
             int(row["prompt_len"]),
             bool(row["finished_by_eos"]),
             array("i", row["input_ids"]),
+            int(row.get("response_index", 0)),
         )
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.source_index, self.response_index)
 
 
 # -- identity of a run -------------------------------------------------------------------------------
@@ -354,6 +375,9 @@ def run_identity(
     identity.update({f"model.verifier.{k}": v for k, v in dataclasses.asdict(verifier_spec).items()})
     for key in ("target_len", "max_prompt_len", "temperature", "top_k", "top_p", "seed"):
         identity[f"synth.{key}"] = getattr(settings, key)
+    for key, default in (("responses_per_prompt", 1), ("max_new_tokens", None)):
+        if getattr(settings, key) != default:  # absent at the default: identities of older runs still match
+            identity[f"synth.{key}"] = getattr(settings, key)
     if dataset is not None:
         identity.update({f"dataset.{k}": v for k, v in dataclasses.asdict(dataset).items()})
     return json.loads(json.dumps(identity))  # as it reads back from JSON (tuples → lists)
@@ -457,25 +481,28 @@ def synthesize(
         else:
             skipped.append(index)
 
-    done: dict[int, _Packed] = {}
+    responses = settings.responses_per_prompt
+    jobs = {job_id(i, k, responses): (i, k) for i in encoded for k in range(responses)}
+    done: dict[int, _Packed] = {}  # by job id
     if rows_file.exists() and resume:
         check_resumable(out, settings, identity)
         for number, row in _iter_rows(rows_file, repair=True, target_len=settings.target_len):
-            index = row["source_index"]
+            index, response = row["source_index"], int(row.get("response_index", 0))
+            job = job_id(index, response, responses)
             problem = None
-            if index in done:
+            if job in done:
                 problem = "is a duplicate"
-            elif index not in encoded:
+            elif index not in encoded or response >= responses:
                 problem = "is not a prompt of this shard"
             elif row["input_ids"][: row["prompt_len"]] != encoded[index]:
                 problem = "has another prompt than this run encodes"
             if problem:
                 raise SynthDataError(
-                    f"{rows_file}:{number}: the row of source_index {index} {problem}; pass "
+                    f"{rows_file}:{number}: the row of source_index {index} (response {response}) {problem}; pass "
                     "synth.resume=false to start over (the old rows are kept aside) or choose another "
                     "synth.output_dir"
                 )
-            done[index] = _Packed.of(row)
+            done[job] = _Packed.of(row)
     elif rows_file.exists() or record_file.exists():
         for moved in _set_aside([rows_file, record_file]):
             print(f"synth.resume=false: kept the earlier file as {moved}", file=sys.stderr)
@@ -496,7 +523,7 @@ def synthesize(
         baseline=False,
     )
     eos = eos_token_ids(verifier.model, tokenizer)
-    batches = plan_batches({i: len(encoded[i]) for i in encoded}, settings.batch_size)
+    batches = plan_batches({j: len(encoded[i]) for j, (i, _) in jobs.items()}, settings.batch_size)
     todo = [b for b in batches if any(i not in done for i in b)]
     if done:
         missing = sum(i not in done for b in todo for i in b)
@@ -507,20 +534,24 @@ def synthesize(
     )
     with open(rows_file, "a", encoding="utf-8") as handle:
         for batch in todo:
-            budget = settings.target_len - min(len(encoded[i]) for i in batch)
+            budget = settings.target_len - min(len(encoded[jobs[j][0]]) for j in batch)
+            if settings.max_new_tokens is not None:
+                budget = min(budget, settings.max_new_tokens)
             engine.settings = dataclasses.replace(engine.settings, max_new_tokens=budget)
             engine.reseed(batch_seed(settings.seed, batch[0]))
-            results = engine.generate([encoded[i] for i in batch])
+            results = engine.generate([encoded[jobs[j][0]] for j in batch])
             wall += results[0].wall_time
             written = []
-            for index, result in zip(batch, results):
-                if index in done:
+            for job, result in zip(batch, results):
+                if job in done:
                     continue  # a batch cut by a crash: its finished rows are kept as they were
+                index, response = jobs[job]
                 row = make_row(
-                    encoded[index], result.output_ids, settings.target_len, eos, index, prompts[index].id
+                    encoded[index], result.output_ids, settings.target_len, eos, index, prompts[index].id,
+                    response,
                 )
                 handle.write(json.dumps(row) + "\n")
-                done[index] = _Packed.of(row)
+                done[job] = _Packed.of(row)
                 written.append(row)
                 new_tokens += len(row["input_ids"]) - row["prompt_len"]
             handle.flush()
@@ -567,6 +598,8 @@ def _metadata(
         "sampling": {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p},
         "target_len": settings.target_len,
         "max_prompt_len": settings.max_prompt_len,
+        "responses_per_prompt": settings.responses_per_prompt,
+        "max_new_tokens": settings.max_new_tokens,
         "batch_size": settings.batch_size,
         "validation_fraction": settings.validation_fraction,
         "prompt_format": formats.pop() if len(formats) == 1 else ("mixed" if formats else "none"),
@@ -620,6 +653,7 @@ def _to_dataset(rows: Sequence[_Packed]) -> Any:
             "prompt_len": pa.array(prompt_len, type=pa.int32()),
             "source_index": pa.array([r.source_index for r in rows], type=pa.int64()),
             "source_id": pa.array([r.source_id for r in rows], type=pa.string()),
+            "response_index": pa.array([r.response_index for r in rows], type=pa.int32()),
             "finished_by_eos": pa.array([r.finished_by_eos for r in rows], type=pa.bool_()),
         }
     )
@@ -635,12 +669,10 @@ def save_dataset(
     import datasets
 
     directory = Path(directory)
-    packed = sorted(
-        (r if isinstance(r, _Packed) else _Packed.of(r) for r in rows), key=lambda r: r.source_index
-    )
-    indices = [r.source_index for r in packed]
-    if len(set(indices)) != len(indices):
-        raise SynthDataError(f"{directory}: duplicate source_index in the rows to save")
+    packed = sorted((r if isinstance(r, _Packed) else _Packed.of(r) for r in rows), key=lambda r: r.key)
+    keys = [r.key for r in packed]
+    if len(set(keys)) != len(keys):
+        raise SynthDataError(f"{directory}: duplicate (source_index, response_index) in the rows to save")
     chosen = validation_ids((r.source_id for r in packed), float(metadata.get("validation_fraction", 0.0)))
     data = datasets.DatasetDict(
         {
@@ -794,14 +826,21 @@ def load_synthetic(paths: str | Path | Sequence[str | Path]) -> tuple[DatasetDic
                 f"train.data: {directory} does not fit {first_dir}: {'; '.join(changed)}; merge only outputs "
                 "of one verifier, tokenizer, sampling settings and target_len"
             )
-    seen: dict[tuple[str, int], Path] = {}
+    seen: dict[tuple[str, int, int, int], Path] = {}
     for directory, (data, metadata) in zip(dirs, parts):
         prompt_set = json.dumps(
             {k: v for k, v in metadata["identity"].items() if k.startswith("dataset.")}, sort_keys=True
         )
+        seed = metadata["identity"].get("synth.seed", 0)
         for split in SPLITS:
-            for index in data[split]["source_index"]:
-                key = (prompt_set, int(index))
+            responses = (
+                data[split]["response_index"]
+                if "response_index" in data[split].column_names
+                else [0] * len(data[split])
+            )
+            for index, response in zip(data[split]["source_index"], responses):
+                # Runs with other seeds sample other responses to the same prompts: they may be merged.
+                key = (prompt_set, int(seed), int(index), int(response))
                 if key in seen:
                     raise SynthDataError(
                         f"train.data: source_index {index} of one prompt set is in both {seen[key]} and "
