@@ -15,7 +15,7 @@ import torch
 from distribution import chi2_pvalue, exact_first_tokens
 
 from specbench.decoding import DraftSchedule, EnsembleRule, GenerationSettings, LenientRule, SpeculativeEngine
-from specbench.decoding.cost import CostProfile
+from specbench.decoding.cost import CostProfile, measure_verify_ms, monotone
 from specbench.decoding.cost_aware import CostAwareSchedule, match_bucket
 from specbench.decoding.metrics import expected_tokens_per_round, predicted_speedup, summarize
 from specbench.decoding.rules import VerificationRule, one_step_distribution
@@ -183,6 +183,14 @@ def test_profile_prices_rounds_and_reduces_to_leviathan_when_verification_is_fla
     assert steep.v(6) == pytest.approx(1.5)
     assert steep.predicted_speedup([(5, tau)]) == pytest.approx(tau / (5 * 0.05 + 1.5))
     assert steep.v(20) == pytest.approx(1 + 0.1 * 19)  # linear extrapolation past the measured n
+
+
+def test_measured_costs_are_made_monotone_by_least_squares():
+    assert monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert monotone([5.0, 1.0, 1.0, 1.0]) == [2.0, 2.0, 2.0, 2.0]
+    assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    times = measure_verify_ms(verifier(), 259, max_n=4, context_len=8, repeats=2)
+    assert len(times) == 4 and times == sorted(times)
 
 
 def test_profile_file_round_trip_and_errors(tmp_path):

@@ -112,6 +112,21 @@ class CostProfile:
         return "\n".join(lines)
 
 
+def monotone(values: Sequence[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators).
+
+    A forward over more tokens never costs less; on a shared machine single medians still do, and a
+    schedule that trusted such a dip would pick a draft length for noise."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for value in values:
+        blocks.append([float(value), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
 def median_ms(run: Callable[[], Any], repeats: int, warmup: int = 1, sync: Callable[[], None] = lambda: None) -> float:
     for _ in range(warmup):
         run()
@@ -135,7 +150,8 @@ def measure_verify_ms(
     repeats: int = 5,
     seed: int = 0,
 ) -> list[float]:
-    """Median time of a verifier forward over n = 1..max_n new tokens after ``context_len`` cached ones."""
+    """Median time of a verifier forward over n = 1..max_n new tokens after ``context_len`` cached ones,
+    made non-decreasing in n (:func:`monotone`)."""
     from specbench.decoding.cache import CachedModel
     from specbench.models.devices import synchronize
 
@@ -155,4 +171,4 @@ def measure_verify_ms(
             cached.keep(keep)
 
         times.append(median_ms(step, repeats, sync=lambda: synchronize(device)))
-    return times
+    return monotone(times)

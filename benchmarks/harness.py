@@ -1,0 +1,188 @@
+"""Side-by-side speed benchmarks on Spec-Bench questions, shared by the benchmark scripts.
+
+Every method is a :class:`Runner` (``ids -> Decoded``); for each question the runners decode its first
+turn one after another in one process, in an order that rotates from question to question, so drifts of
+a shared machine hit all of them alike. Reported per Spec-Bench task: τ (tokens per verifier forward),
+mean tokens/s over questions and the speedup against the autoregressive runner (Spec-Bench's speed.py
+convention: ratio of the means), plus whether every output is token-identical to autoregressive decoding.
+Answer files in Spec-Bench's format are written per runner.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specbench.data.datasets import MT_BENCH_CATEGORIES, encode_messages, in_subset, question_file
+from specbench.data.prompts import read_jsonl
+from specbench.decoding import SpeculativeEngine
+
+TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+TASK_TITLES = {
+    "mt_bench": "MT", "translation": "Trans", "summarization": "Summ", "qa": "QA",
+    "math_reasoning": "Math", "rag": "RAG",
+}  # fmt: skip
+
+
+def task_of(category: str) -> str:
+    return "mt_bench" if category in MT_BENCH_CATEGORIES else category
+
+
+@dataclass
+class Decoded:
+    output_ids: list[int]
+    wall_time: float
+    steps: int  # verifier forwards in decoding (rounds)
+    accept_lengths: list[int] = field(default_factory=list)  # tokens emitted per step
+
+
+@dataclass
+class Runner:
+    name: str
+    run: Callable[[list[int]], Decoded]
+    warm: Callable[[list[int]], None] | None = None
+
+
+def engine_runner(name: str, engine: SpeculativeEngine) -> Runner:
+    def run(ids: list[int]) -> Decoded:
+        engine.reseed(engine.settings.seed)
+        result = engine.generate([ids])[0]
+        return Decoded(result.output_ids, result.wall_time, len(result.rounds), [r.emitted for r in result.rounds])
+
+    return Runner(name, run)
+
+
+def hf_runner(name: str, model, max_new_tokens: int, eos: Sequence[int], pad: int, **generate_kwargs) -> Runner:
+    """HF ``generate`` (greedy) with a forward counter on the verifier, e.g. ``prompt_lookup_num_tokens=10``."""
+    calls = {"n": 0}
+
+    def count(module, args, kwargs):
+        calls["n"] += 1
+
+    model.register_forward_pre_hook(count, with_kwargs=True)
+
+    @torch.no_grad()
+    def run(ids: list[int]) -> Decoded:
+        calls["n"] = 0
+        x = torch.tensor([ids], device=model.device)
+        start = time.perf_counter()
+        out = model.generate(
+            x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
+            eos_token_id=list(eos), pad_token_id=pad, **generate_kwargs,
+        )  # fmt: skip
+        wall = time.perf_counter() - start
+        return Decoded(out[0, len(ids):].tolist(), wall, calls["n"])
+
+    return Runner(name, run)
+
+
+def heldout_questions(per_task: int, path: str | Path | None = None, subset: str = "heldout",
+                      fraction: float = 0.2) -> list[dict]:
+    """The first ``per_task`` questions of each Spec-Bench task in the held-out part (the part no
+    training data was sampled from: ``dataset=spec_bench dataset.subset=train`` is the rest); MT-bench
+    questions are taken round-robin over its categories."""
+    rows = [row for _, row in read_jsonl(Path(path) if path else question_file())]
+    rows = [r for r in rows if in_subset("spec_bench", r["question_id"], subset, fraction)]
+    chosen = []
+    for task in TASKS:
+        pool = [r for r in rows if task_of(r["category"]) == task]
+        if task == "mt_bench":
+            by_category = [[r for r in pool if r["category"] == c] for c in MT_BENCH_CATEGORIES]
+            pool = [r for group in zip(*[g + [None] * len(pool) for g in by_category]) for r in group if r]
+        chosen += pool[:per_task]
+    return chosen
+
+
+def first_turn_ids(tokenizer, question: dict) -> list[int]:
+    return encode_messages(tokenizer, [{"role": "user", "content": question["turns"][0]}])[0]
+
+
+def run_all(runners: list[Runner], tokenizer, questions: list[dict], progress: bool = True) -> dict[str, list[dict]]:
+    """Answers of every runner, per question, in rotating order; each runner warmed up first."""
+    first = first_turn_ids(tokenizer, questions[0])
+    for runner in runners:
+        (runner.warm or runner.run)(first[: min(len(first), 64)])
+    answers: dict[str, list[dict]] = {r.name: [] for r in runners}
+    for number, question in enumerate(questions):
+        ids = first_turn_ids(tokenizer, question)
+        shift = number % len(runners)
+        for runner in runners[shift:] + runners[:shift]:
+            decoded = runner.run(ids)
+            answers[runner.name].append({
+                "question_id": question["question_id"], "category": question["category"],
+                "answer_id": uuid.uuid4().hex, "model_id": runner.name, "tstamp": time.time(),
+                "output_ids": decoded.output_ids,
+                "choices": [{
+                    "index": 0, "turns": [tokenizer.decode(decoded.output_ids, skip_special_tokens=True).strip()],
+                    "decoding_steps": [decoded.steps], "new_tokens": [len(decoded.output_ids)],
+                    "wall_time": [decoded.wall_time], "accept_lengths": decoded.accept_lengths,
+                }],
+            })  # fmt: skip
+        if progress:
+            speeds = {name: rows[-1]["choices"][0]["new_tokens"][0] / rows[-1]["choices"][0]["wall_time"][0]
+                      for name, rows in answers.items()}  # fmt: skip
+            line = ", ".join(f"{name} {value:.1f}" for name, value in speeds.items())
+            print(f"[{number + 1}/{len(questions)}] {question['category']}: {line} tok/s", file=sys.stderr)
+    return answers
+
+
+def write_answer_files(out_dir: Path, answers: dict[str, list[dict]]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, rows in answers.items():
+        path = out_dir / f"{name}.jsonl"
+        lines = [json.dumps({k: v for k, v in row.items() if k != "output_ids"}, ensure_ascii=False) for row in rows]
+        path.write_text("\n".join(sorted(lines, key=lambda line: json.loads(line)["question_id"])) + "\n")
+
+
+def _speed(row: dict) -> float:
+    choice = row["choices"][0]
+    return sum(choice["new_tokens"]) / max(sum(choice["wall_time"]), 1e-9)
+
+
+def table(answers: dict[str, list[dict]], baseline: str) -> dict[str, dict[str, dict]]:
+    """Per runner and task (and ``overall``): tau, tokens_per_s, speedup vs ``baseline``, identical share."""
+    reference = {row["question_id"]: row for row in answers[baseline]}
+    result: dict[str, dict[str, dict]] = {}
+    for name, rows in answers.items():
+        result[name] = {}
+        for task in (*TASKS, "overall"):
+            picked = [r for r in rows if task == "overall" or task_of(r["category"]) == task]
+            if not picked:
+                continue
+            base = [reference[r["question_id"]] for r in picked]
+            tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in picked)
+            steps = sum(sum(r["choices"][0]["decoding_steps"]) for r in picked)
+            speed = statistics.mean(_speed(r) for r in picked)
+            result[name][task] = {
+                "tau": tokens / steps if steps else 0.0,
+                "tokens_per_s": speed,
+                "speedup": speed / statistics.mean(_speed(r) for r in base),
+                "identical": sum(r["output_ids"] == b["output_ids"] for r, b in zip(picked, base)) / len(picked),
+                "questions": len(picked),
+            }
+    return result
+
+
+def format_table(figures: dict[str, dict[str, dict]]) -> str:
+    """Spec-Bench's leaderboard layout: speedup per task, then τ and overall; plus tokens/s and identity."""
+    tasks = [t for t in TASKS if any(t in rows for rows in figures.values())]
+    width = max(len(name) for name in figures) + 2
+    header = f"{'method':<{width}}" + "".join(f"{TASK_TITLES[t]:>8}" for t in tasks)
+    header += f"{'tau':>7}{'tok/s':>8}{'overall':>9}{'same':>6}"
+    lines = [header, "-" * len(header)]
+    for name, rows in figures.items():
+        cells = "".join(f"{rows[t]['speedup']:>7.2f}x" if t in rows else f"{'-':>8}" for t in tasks)
+        overall = rows["overall"]
+        lines.append(
+            f"{name:<{width}}{cells}{overall['tau']:>7.2f}{overall['tokens_per_s']:>8.1f}"
+            f"{overall['speedup']:>8.2f}x{overall['identical']:>6.0%}"
+        )
+    return "\n".join(lines)
