@@ -5,8 +5,8 @@
 2. Evaluate on the held-out translation questions (``dataset.subset=heldout``) at T = 1 with the same drafter
    (early exit, K = 4) and γ: autoregressive, sd, static ensemble at ``--weights`` and diversed, in this
    process (models loaded once), each over the same prompts and ``--seeds``.
-3. Print one table (acceptance, τ, tokens/s, corpus BLEU, mean draft weight) and the DIVERSED target checks
-   (issue 6): acceptance ≥ 1.5 × sd, BLEU within 1 point of autoregressive, and diversed above the static
+3. Print one table (acceptance, τ, tokens/s, corpus BLEU, mean draft weight) and the DIVERSED target checks:
+   acceptance ≥ 1.5 × sd, BLEU within 1 point of autoregressive, and diversed above the static
    ensemble's BLEU-vs-acceptance curve (piecewise linear through sd = weight 0 and the static points).
 
     .venv/bin/python benchmarks/diversed_translation.py                       # train (~10 min) + evaluate

@@ -1,4 +1,4 @@
-"""SD² end to end on the embedded pair (issue 5): synth → train (distill, sd2) → eval, one table.
+"""SD² end to end on the embedded pair: synth → train (distill, sd2) → eval, one table.
 
     python benchmarks/sd2_pipeline.py [--out runs/sd2-pipeline] [--synth-prompts 256] [--steps 120]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specbench.decoding.cost import CostProfile
+from specbench.decoding.cost_aware import CostAwareSchedule
 from specbench.decoding.engine import GenerationSettings, RoundRecord, SampleResult, SpeculativeEngine
 from specbench.decoding.metrics import summarize
 from specbench.decoding.rules import VerificationRule
@@ -80,13 +83,15 @@ def build_engines(
     settings: GenerationSettings,
     baseline: bool = True,
     steering: SteeredDrafter | None = None,
+    profile: CostProfile | None = None,
 ) -> tuple[SpeculativeEngine, SpeculativeEngine | None]:
     """The method's engine and, if ``baseline`` and there is a drafter, an autoregressive engine of the verifier.
 
     ``drafter``: a loaded model (decoded by a :class:`ModelDrafter`, or by an :class:`SD2Drafter` when
     ``steering`` is given), any :class:`Drafter`, or None. Both engines use the shared vocabulary (checked
     by :func:`shared_vocab_size`), the same EOS / pad ids and settings. Without a drafter the method is
-    itself autoregressive decoding and no baseline engine is built.
+    itself autoregressive decoding and no baseline engine is built. ``schedule.name == "cost_aware"``
+    becomes a :class:`CostAwareSchedule` priced by ``profile`` (None: measured now, :func:`measure_profile`).
     """
     tokenizer = verifier.tokenizer
     vocab = min(len(tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
@@ -107,9 +112,57 @@ def build_engines(
         "eos_token_ids": eos,
         "pad_token_id": pad_token_id(tokenizer, eos),
     }
+    if schedule.name == "cost_aware" and drafter_impl is not None:
+        if profile is None:
+            print("measuring the cost profile for schedule=cost_aware (schedule.profile=null) ...", file=sys.stderr)
+            profile = measure_profile(verifier, drafter_impl, vocab, schedule.max_gamma + 1)
+        common["schedule"] = CostAwareSchedule(profile, schedule.max_gamma)
     engine = SpeculativeEngine(verifier.model, drafter_impl, rule, **common)
     reference = SpeculativeEngine(verifier.model, None, None, **common) if baseline and drafter_impl else None
     return engine, reference
+
+
+def measure_profile(
+    verifier: LoadedModel,
+    drafter: Drafter | None,
+    vocab_size: int,
+    max_n: int,
+    context_len: int = 256,
+    repeats: int = 7,
+    prompts: Sequence[list[int]] | None = None,
+) -> CostProfile:
+    """Measure v(n) for n = 1..max_n and the drafter's time per drafted token on this machine.
+
+    The drafter is timed in real decoding (constant γ = max_n − 1, 32 new tokens) of ``prompts`` (default:
+    the first two bundled demo prompts, so lookup drafters find something to propose).
+    """
+    import torch
+
+    from specbench.decoding.cost import measure_verify_ms
+
+    verify_ms = measure_verify_ms(verifier.model, vocab_size, max_n, context_len=context_len, repeats=repeats)
+    draft_ms, drafted = 0.0, 0
+    if drafter is not None:
+        if prompts is None:
+            from specbench.data.datasets import dataset_settings, encode_sample, load_dataset_prompts
+
+            demo = load_dataset_prompts(dataset_settings({"name": "demo"}))[:2]
+            prompts = [encode_sample(verifier.tokenizer, p, "auto")[0] for p in demo]
+        eos = eos_token_ids(verifier.model, verifier.tokenizer)
+        engine = SpeculativeEngine(
+            verifier.model, drafter, None, DraftSchedule("constant", max(max_n - 1, 1)),
+            GenerationSettings(max_new_tokens=32), vocab_size, eos, pad_token_id(verifier.tokenizer, eos),
+        )  # fmt: skip
+        warm_up(engine, list(prompts[0]))
+        rounds = [r for p in prompts for r in engine.generate([list(p)])[0].rounds if r.drafted > 0]
+        drafted = sum(r.drafted for r in rounds)
+        draft_ms = 1000.0 * sum(r.draft_time for r in rounds) / drafted if drafted else 0.0
+    return CostProfile(
+        verify_ms, draft_ms, batch_size=1, context_len=context_len, device=str(verifier.model.device),
+        dtype=str(verifier.model.dtype).removeprefix("torch."), verifier=verifier.name,
+        drafter=getattr(drafter, "name", "none") if drafter is not None else "none",
+        threads=torch.get_num_threads(), meta={"drafted_tokens_timed": drafted, "repeats": repeats},
+    )  # fmt: skip
 
 
 def batched(items: Sequence, size: int) -> Iterator[list[int]]:
@@ -285,7 +338,9 @@ def result_from_row(row: dict) -> SampleResult:
     )
 
 
-def summarize_samples(rows: Sequence[dict], greedy: bool, autoregressive: bool = False) -> dict:
+def summarize_samples(
+    rows: Sequence[dict], greedy: bool, autoregressive: bool = False, profile: CostProfile | None = None
+) -> dict:
     """:func:`compare`'s metrics recomputed from saved samples (those of several runs into one dir).
 
     The decoding time is Σ ``wall_time_s / batch_rows``; with baseline fields on every row
@@ -306,7 +361,7 @@ def summarize_samples(rows: Sequence[dict], greedy: bool, autoregressive: bool =
     elif autoregressive:
         tokens = sum(len(r.output_ids) for r in results)
         reference = tokens / wall if wall > 0 else None
-    metrics = summarize(results, wall, baseline_tokens_per_s=reference)
+    metrics = summarize(results, wall, baseline_tokens_per_s=reference, profile=profile)
     if has_baseline:
         metrics["baseline_new_tokens"] = base_tokens
         metrics["baseline_wall_time_s"] = base_wall

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import ROOT, compose_config
+from helpers import ROOT, compose_config, launch
 from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
@@ -19,6 +19,8 @@ GROUPS = ["task", "model/verifier", "model/drafter", "method", "steering", "sche
 NEEDS_MORE = {
     ("method", "sd2"): "add steering=sd2",
     ("method", "distill"): "needs method.drafter_checkpoint=PATH",
+    ("method", "eagle3"): "add model/drafter=eagle3",
+    ("model/drafter", "eagle3"): "model.drafter.params.path",
 }
 
 
@@ -33,6 +35,7 @@ ALL_OPTIONS = [(group, option) for group in GROUPS for option in options(group)]
 def test_expected_options_exist():
     assert options("model/verifier") == [
         "llama-3.1-8b-instruct",
+        "llama-3.3-70b-instruct",
         "qwen3-14b",
         "qwen3-8b",
         "smollm2-135m",
@@ -40,31 +43,44 @@ def test_expected_options_exist():
         "vicuna-13b-v1.3",
     ]
     assert options("model/drafter") == [
+        "eagle3",
         "early-exit",
         "llama-160m",
         "llama-3.2-1b-instruct",
+        "ngram",
         "none",
+        "prompt-lookup",
+        "prompt-lookup-spec-bench",
         "qwen3-0.6b",
+        "suffix",
         "tiny-random",
     ]
     assert options("method") == [
         "auto",
+        "block",
         "cascade",
         "distill",
         "diversed",
+        "eagle3",
+        "fly",
         "lossy",
         "sd",
         "sd2",
+        "sd_en",  # aliases (conf/method/<alias>.yaml) of diversed, lossy, static_ensemble, cascade
+        "sd_lossy",
+        "sd_static",
+        "spe_cas",
+        "static_en",
         "static_ensemble",
         "typical",
     ]
     assert options("steering") == ["none", "sd2"]
-    assert options("schedule") == ["constant", "dynamic", "heuristic"]
+    assert options("schedule") == ["constant", "cost_aware", "dynamic", "heuristic"]
     assert options("dataset") == [
         "alpaca", "cnndm", "demo", "gsm8k", "humaneval", "jsonl", "mbpp", "mt_bench", "parquet", "spec_bench",
         "ultrachat", "wmt", "xsum",
     ]  # fmt: skip
-    assert options("task") == ["eval", "report", "synth", "train"]
+    assert options("task") == ["eval", "profile", "report", "synth", "train"]
 
 
 def test_defaults():
@@ -98,7 +114,9 @@ def test_defaults():
         "run_name": None,
         "tags": {},
     }
-    assert OmegaConf.to_container(cfg.runtime) == {"device": "auto", "dtype": "float32", "num_threads": None}
+    assert OmegaConf.to_container(cfg.runtime) == {
+        "device": "auto", "dtype": "float32", "num_threads": None, "tp_plan": None,
+    }  # fmt: skip
     assert OmegaConf.get_type(cfg.method) is MethodConfig
 
 
@@ -398,3 +416,164 @@ def test_missing_dataset_file(tmp_path):
 
 def test_schema_is_registered():
     assert "specbench_schema.yaml" in ConfigStore.instance().list("/")
+
+
+# ---- aliases: one meaning per method, whichever way it was named ------------------------------------------
+
+ALIAS_DEFAULTS = [
+    ("sd_en", "diversed", {"pool": "linear"}),
+    ("static_en", "static_ensemble", {"draft_weight": 0.3, "pool": "linear"}),
+    ("sd_static", "static_ensemble", {"draft_weight": 0.3, "pool": "linear"}),
+    ("sd_lossy", "lossy", {"lenience": 0.5}),
+    ("spe_cas", "cascade", {"deferral": "chow", "alpha": 0.1}),
+]
+
+
+@pytest.mark.parametrize(("alias", "canonical", "defaults"), ALIAS_DEFAULTS)
+@pytest.mark.parametrize("spelling", ["method={}", "method.name={}"])
+def test_an_alias_runs_the_canonical_method_with_its_defaults(alias, canonical, defaults, spelling):
+    cfg = compose_config([*TINY, spelling.format(alias)])
+    plan = validate(cfg)
+    assert (plan.method, plan.alias) == (canonical, alias)
+    assert (cfg.method.name, cfg.method.alias) == (canonical, alias)  # recorded: canonical name, alias apart
+    reference = compose_config([*TINY, f"method={canonical}"])
+    validate(reference)
+    method = OmegaConf.to_container(cfg.method)
+    assert {**method, "alias": None} == OmegaConf.to_container(reference.method)
+    assert {k: method[k] for k in defaults} == defaults
+    if canonical != "diversed":
+        for key, value in defaults.items():
+            assert getattr(plan.rule, key) == (pytest.approx(value) if isinstance(value, float) else value)
+
+
+def test_static_en_is_the_static_ensemble_not_sd():
+    """A regression: method.name=static_en once ran with draft weight 0.0 (= sd)."""
+    plan = validate(compose_config([*TINY, "method.name=static_en"]))
+    assert type(plan.rule) is EnsembleRule and plan.rule.draft_weight == pytest.approx(0.3)
+
+
+def test_method_name_takes_the_named_methods_defaults_and_clears_the_others():
+    cfg = compose_config([*TINY, "method=static_ensemble", "method.name=lossy"])
+    plan = validate(cfg)
+    assert type(plan.rule) is LenientRule and plan.rule.lenience == pytest.approx(0.5)
+    assert (cfg.method.draft_weight, cfg.method.pool, cfg.method.lenience) == (None, None, 0.5)
+    explicit = compose_config([*TINY, "method.name=static_en", "method.draft_weight=0.0"])
+    assert validate(explicit).rule.draft_weight == 0.0  # a value the user set is kept
+    stale = compose_config([*TINY, "method=sd_en", "method.name=lossy"])
+    assert validate(stale).alias is None and stale.method.alias is None  # sd_en is no alias of lossy
+
+
+# ---- trained checkpoints: metadata checked before any model loads ------------------------------------------
+
+
+def _checkpoint(path, **metadata):
+    import torch
+
+    torch.save({"state_dict": {"head.linear.weight": torch.randn(1, 4)}, "specbench": metadata}, path)
+    return path
+
+
+@pytest.fixture
+def diversed_checkpoints(tmp_path):
+    pair = {"verifier": "tiny-random-llama", "drafter": "tiny-random-llama-drafter"}
+    (tmp_path / "junk.pt").write_bytes(b"\x80\x04 certainly not a checkpoint")
+    return {
+        "good": _checkpoint(tmp_path / "good.pt", method="diversed", **pair),
+        "sd2": _checkpoint(tmp_path / "sd2.pt", method="sd2", **pair),
+        "other_pair": _checkpoint(tmp_path / "other.pt", method="diversed", verifier="big-verifier", drafter="d"),
+        "junk": tmp_path / "junk.pt",
+    }
+
+
+@pytest.mark.parametrize(
+    ("which", "message"),
+    [
+        ("sd2", "is a method='sd2' checkpoint, not method='diversed'"),
+        ("other_pair", ("was trained for verifier 'big-verifier' + drafter 'd', not for model.verifier "
+                       "'tiny-random-llama' + model.drafter 'tiny-random-llama-drafter'")),
+        ("junk", "is not a specbench checkpoint"),
+    ],
+)
+def test_a_checkpoint_of_another_method_or_pair_or_no_checkpoint_fails_in_validate(
+    diversed_checkpoints, which, message, tmp_path
+):
+    from specbench.tasks.eval import EvalTask
+
+    path = diversed_checkpoints[which]
+    out = tmp_path / "out"
+    cfg = compose_config([*TINY, "method=diversed", f"method.head_checkpoint={path}", f"eval.output_dir={out}"])
+    with pytest.raises(ConfigError) as info:
+        EvalTask(cfg).run()
+    text = str(info.value)
+    assert text.startswith("method.head_checkpoint") and message in text and "\n" not in text
+    assert "weights_only" not in text and not out.exists()  # nothing loaded or written
+
+
+def test_a_matching_checkpoint_validates(diversed_checkpoints):
+    plan = validate(
+        compose_config([*TINY, "method=diversed", f"method.head_checkpoint={diversed_checkpoints['good']}"])
+    )
+    assert plan.checkpoint == str(diversed_checkpoints["good"])
+
+
+SD2_TRAINED = {"v_layers": [1, 2, 3], "guide_method": "simple", "d_layers": [0, 1], "rank": 4, "hidden": 64,
+               "out_size": 128}
+
+
+def _sd2_checkpoint(tmp_path):
+    return _checkpoint(
+        tmp_path / "sd2.pt", method="sd2", verifier="tiny-random-llama", drafter="tiny-random-llama-drafter",
+        steering=SD2_TRAINED, finetune_drafter="none",
+    )
+
+
+def test_steering_values_a_checkpoint_fixes_are_recorded_as_the_checkpoints(tmp_path):
+    cfg = compose_config([*TINY, "method=sd2", "steering=sd2", f"steering.checkpoint={_sd2_checkpoint(tmp_path)}"])
+    assert cfg.steering.v_layers == [3, 16, 29]  # the steering group's defaults, not what was trained
+    plan = validate(cfg)
+    steering = OmegaConf.to_container(cfg.steering)
+    assert {k: steering[k] for k in ("v_layers", "guide_method", "d_layers", "rank")} == {
+        k: SD2_TRAINED[k] for k in ("v_layers", "guide_method", "d_layers", "rank")
+    }
+    assert steering["finetune_drafter"] == "none" and plan.steering["v_layers"] == [1, 2, 3]
+
+
+def test_an_override_that_conflicts_with_the_checkpoint_is_an_error_and_the_record_shows_what_ran(tmp_path):
+    checkpoint = _sd2_checkpoint(tmp_path)
+    base = [*TINY, "method=sd2", "steering=sd2", f"steering.checkpoint={checkpoint}", "tracking=none"]
+    proc = launch([*base, "steering.v_layers=[3,15,99]", f"hydra.run.dir={tmp_path / 'bad'}"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "steering.v_layers=[3, 15, 99] conflicts with steering.checkpoint=" in proc.stderr
+    assert "trained with steering.v_layers=[1, 2, 3]" in proc.stderr
+    # Not overridden: the run records the checkpoint's values (the fake weights then fail to load).
+    launch([*base, f"hydra.run.dir={tmp_path / 'good'}"])
+    recorded = OmegaConf.load(tmp_path / "good" / ".hydra" / "config.yaml")
+    assert recorded.steering.v_layers == [1, 2, 3] and recorded.steering.guide_method == "simple"
+
+
+class _NotAllowedInWeightsOnly:
+    pass
+
+
+def test_reading_a_foreign_pickle_never_passes_on_torchs_unsafe_advice(tmp_path):
+    import torch
+
+    from specbench.models.checkpoints import read_checkpoint, read_checkpoint_metadata
+
+    path = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {}, "specbench": {"method": "sd2"}, "extra": _NotAllowedInWeightsOnly()}, path)
+    assert read_checkpoint_metadata(path) == {"method": "sd2"}  # the metadata alone reads without torch
+    with pytest.raises(ValueError) as info:
+        read_checkpoint(path)
+    assert "is not a specbench checkpoint" in str(info.value) and "weights_only" not in str(info.value)
+
+
+@pytest.mark.parametrize("method", ["lossy", "static_ensemble", "cascade", "typical", "fly", "block"])
+def test_a_rule_built_in_python_with_no_parameters_is_the_methods_config_default(method):
+    """conf/method/<name>.yaml and the rule's constructor agree, so `build_rule(name)` runs `method=name`."""
+    from specbench.decoding.methods import build_rule
+
+    from_config = validate(compose_config([*TINY, f"method={method}"])).rule
+    from_python = build_rule(method)
+    assert type(from_config) is type(from_python)
+    assert vars(from_config) == vars(from_python)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, compose_config
+from helpers import ROOT, compose_config, launch
 from omegaconf import OmegaConf
 
 import specbench.config  # noqa: F401  (registers the schemas)
@@ -437,4 +437,38 @@ def test_config_yaml_records_the_dataset(tmp_path, fixture_file):
         "EdinburghNLP/xsum",
         "rouge",
         "auto",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("prompts.jsonl", None, "is a directory, not a prompt file"),
+        ("prompts.jsonl", b"", "is empty (0 bytes)"),
+        ("prompts.jsonl", b'{"prompt": "a"}\n{"prompt": "b"}\n\x7fELF\x00\x00', ":3: not a text file (a NUL byte at column 5)"),
+        ("prompts.jsonl", b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n', ":2: not UTF-8 text (byte 0xe9 at column 16)"),
+        ("prompts.jsonl.gz", b'{"prompt": "a"}\n', "is not gzip-compressed"),
+        ("prompts.parquet", b'{"prompt": "a"}\n', "is not a parquet file"),
+    ],
+)
+def test_a_prompt_file_that_cannot_be_read_names_the_file_and_line(name, content, message, tmp_path):
+    path = tmp_path / name
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    dataset = "parquet" if name.endswith(".parquet") else "jsonl"
+    cfg = compose_config([*TINY, f"dataset={dataset}", f"dataset.path={path}"])
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)  # before any model, and before torch is imported (tests/test_startup.py)
+    text = str(info.value)
+    assert text.startswith("dataset.path: ") and str(path) in text and message in text and "\n" not in text
+
+
+def test_a_prompt_file_error_from_launch_is_one_line_with_exit_2(tmp_path):
+    proc = launch([*TINY, "dataset=jsonl", f"dataset.path={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (
+        f"Config error: dataset.path: '{tmp_path}' is a directory, not a prompt file; pass a .jsonl / .json file "
+        "(optionally .gz), a .parquet file or a datasets save_to_disk directory"
     )

@@ -272,3 +272,32 @@ def test_launch_default_embedded_pair(tmp_path):
     assert metrics["tau"] >= 1.0 and metrics["baseline_match_rate"] == 1.0
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert "Paris" in samples[0]["output_text"]
+
+
+def test_the_table_names_the_method_parameters_and_stays_aligned_for_long_labels():
+    from specbench.tasks.results import format_table
+
+    base = {"schedule": "constant", "gamma": 3, "tau": 2.5, "acceptance_rate": 0.5, "tokens_per_s": 30.0,
+            "speedup": 1.5, "baseline_new_tokens": 10, "baseline_tokens_per_s": 20.0, "baseline_wall_time_s": 0.5,
+            "verifier": "v", "drafter": "d", "num_samples": 2, "prompt_format": "chat", "new_tokens": 10,
+            "wall_time_s": 0.3}  # fmt: skip
+    ensemble = {**base, "method": "static_ensemble", "method_draft_weight": 0.30000000000000004, "method_pool": "linear"}
+    lossy = {**base, "method": "lossy", "method_lenience": 0.5}
+    cascade = {**base, "method": "cascade", "method_deferral": "chow", "method_alpha": 0.1, "schedule": "dynamic"}
+    diversed = {**base, "method": "diversed", "method_checkpoint": "none (untrained)", "untrained": "x is null"}
+    labels = {}
+    for metrics in (ensemble, lossy, cascade, diversed):
+        lines = format_table(metrics).splitlines()
+        header, method_row, baseline_row = lines[0], lines[2], lines[3]
+        labels[metrics["method"]] = method_row[: header.index("tau") - 3].strip()
+        # every row puts its numbers under the header's columns, however long the label
+        for row in (method_row, baseline_row):
+            assert len(row) == len(header)
+            assert row[: header.index(" tau") + 4].rstrip().endswith(("2.50", "1.00"))
+    assert labels == {
+        "static_ensemble": "static_ensemble w=0.3 (constant, gamma=3)",
+        "lossy": "lossy lenience=0.5 (constant, gamma=3)",
+        "cascade": "cascade deferral=chow alpha=0.1 (dynamic, gamma=3)",
+        "diversed": "diversed untrained (constant, gamma=3)",
+    }
+    assert format_table(diversed).splitlines()[-1] == "note: x is null"

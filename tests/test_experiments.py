@@ -65,6 +65,15 @@ PRESETS = {
         "dataset": "spec_bench",
         "device": "cpu",
     },
+    "llama3-70b-sd": {"verifier": "meta-llama/Llama-3.3-70B-Instruct", "drafter": LLAMA_1B, "method": "sd",
+                      "gamma": 5, "temperature": 0.0},
+    "llama3-70b-eagle3": {"verifier": "meta-llama/Llama-3.3-70B-Instruct", "drafter_kind": "drafter",
+                          "method": "sd", "gamma": 6},
+    **{
+        f"eagle3-{family}": {"verifier": verifier, "drafter_kind": "drafter", "method": "eagle3", "gamma": 6,
+                             "temperature": 0.0, "dataset": "ultrachat"}
+        for family, verifier in (("llama3", LLAMA_8B), ("qwen3", "Qwen/Qwen3-8B"))
+    },
     "cpu-ensemble-sweep": {
         "verifier_kind": "embedded",
         "drafter_kind": "early_exit",
@@ -128,6 +137,14 @@ def test_preset_composes_with_one_override_and_validates(name, tmp_path):
         with pytest.raises(ConfigError, match="not in the local Hugging Face cache"):
             validate(cfg)
         local = ["model/verifier=tiny-random", "model/drafter=tiny-random", "dataset=demo"]
+        if expected["method"] == "eagle3":  # a training recipe: validate it as task=train on a tiny verifier
+            from specbench.config.validate import validate_train
+
+            (tmp_path / "synth").mkdir()
+            train = ["model/verifier=tiny-random", "task=train", f"train.data={tmp_path / 'synth'}"]
+            plan = validate_train(compose_config([f"experiment={name}", *train]))
+            assert plan.method == "eagle3" and plan.drafter.target.endswith("eagle3_drafter")
+            return
         cfg = compose_config([f"experiment={name}", *local])
     plan = validate(cfg)
     assert plan.method == expected["method"] and str(plan.device) == "cpu"

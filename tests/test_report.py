@@ -239,7 +239,8 @@ def test_mlflow_report_table_and_quality_plot(mlflow_store, tmp_path):
             ["task=report", f"task.parent_run_id={mlflow_store['parent']}", f"task.output_dir={out}"]
         )
     ).run()
-    assert result == {"report_runs": 3, "report_plots": 3}
+    # Every run has gamma=4: the vs-gamma plot would have one x value, so it is skipped with a note.
+    assert result == {"report_runs": 3, "report_plots": 2}
     rows = read_csv(out / CSV_FILE)
     assert [(r["method"], r["weight"]) for r in rows] == [("sd", ""), ("static_ensemble", "0.2"),
                                                           ("static_ensemble", "0.6")]  # fmt: skip
@@ -247,7 +248,9 @@ def test_mlflow_report_table_and_quality_plot(mlflow_store, tmp_path):
     assert all(float(r["gamma"]) == 4 for r in rows)
     markdown = (out / MARKDOWN_FILE).read_text()
     assert "| quality_num_scored | quality_rouge2 |" in markdown.splitlines()[4] and "0.310" in markdown
-    check_pngs(out, list(PLOT_FILES.values()))
+    assert "acceptance/speedup vs gamma: skipped, every run with a drafter has gamma=4" in markdown
+    assert not (out / PLOT_FILES["vs_gamma"]).exists()
+    check_pngs(out, [PLOT_FILES["quality"], PLOT_FILES["positions"]])
     # One panel (rouge2): a count such as quality_num_scored is tabulated but not plotted.
     assert matplotlib.image.imread(out / PLOT_FILES["quality"]).shape[1] == round(5.5 * 110)
 
@@ -347,6 +350,11 @@ def test_plots_are_skipped_with_a_note_when_columns_are_missing(tmp_path):
             {"tau": 1.2, "tokens_per_s": 4.0, "acceptance_rate": 0.1},
             {"method.name": "sd", "schedule.gamma": "3"},
         ),
+        record(  # a second gamma: a vs-gamma plot needs two x values
+            "c",
+            {"tau": 1.3, "tokens_per_s": 3.5, "acceptance_rate": 0.15},
+            {"method.name": "sd", "schedule.gamma": "4"},
+        ),
     ]
     report = write_report(Selection(runs, "two runs"), tmp_path)
     assert set(report.plots) == {"vs_gamma"}  # acceptance only: no speedup panel, no quality, no positions
@@ -376,3 +384,51 @@ def test_sweep_dir_notes_jobs_without_metrics(sweep, tmp_path):
     run = selection.runs[0]
     assert run.params["method.name"] == "static_ensemble" and run.params["schedule.gamma"] == "2"
     assert "method.draft_weight=0.0" in run.overrides and run.metrics["num_samples"] == 2
+
+
+def test_the_report_groups_by_model_pair_and_dataset_and_names_what_differs(tmp_path):
+    def run(name, verifier, drafter, dataset, method, gamma, tau, **params):
+        return record(
+            name,
+            {"tau": tau, "acceptance_rate": tau / 10, "tokens_per_s": 10.0, "acceptance_pos_1": 0.5,
+             "acceptance_pos_2": 0.4},
+            {"method.name": method, "schedule.gamma": str(gamma), **{f"method.{k}": str(v) for k, v in params.items()}},
+            {"verifier": verifier, "drafter": drafter, "dataset": dataset},
+        )  # fmt: skip
+
+    runs = [
+        run("a", "v2", "d2", "gsm8k", "sd", 2, 1.1),
+        run("b", "v1", "d1", "xsum", "lossy", 2, 1.2, lenience=0.5),
+        run("c", "v1", "d1", "gsm8k", "static_ensemble", 3, 1.3, draft_weight=0.30000000000000004, pool="linear"),
+        run("d", "v1", "d1", "gsm8k", "cascade", 2, 1.4, deferral="chow", alpha=0.1),
+    ]
+    report = write_report(Selection(runs, "four runs"), tmp_path)
+    table = report.table
+    assert list(zip(table["pair"], table["dataset"], table["run"])) == [
+        ("v1 + d1", "gsm8k", "d"), ("v1 + d1", "gsm8k", "c"), ("v1 + d1", "xsum", "b"), ("v2 + d2", "gsm8k", "a"),
+    ]  # fmt: skip
+    markdown = (tmp_path / MARKDOWN_FILE).read_text()
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| run"))
+    header, table_lines = lines[start], lines[start + 2 : start + 2 + len(runs)]
+    assert header.endswith("| method params | verifier + drafter | dataset |")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table_lines}
+    assert "| 0.3 |" in rows["c"] and "0.30000000000000004" not in markdown  # weights written readably
+    assert "| lenience=0.5 | v1 + d1 | xsum |" in rows["b"]
+    assert "| deferral=chow alpha=0.1 | v1 + d1 | gsm8k |" in rows["d"]
+    assert set(report.plots) == {"vs_gamma", "positions"}
+
+
+def test_plots_whose_x_axis_has_one_value_are_skipped(tmp_path):
+    runs = [
+        record(name, {"tau": 1.0 + w, "acceptance_rate": 0.2, "speedup": 1.0, "acceptance_pos_1": 0.2,
+                      "quality_rouge2": 0.1 + w}, {"method.name": "static_ensemble", "schedule.gamma": "3",
+                                                    "method.draft_weight": str(w)})
+        for name, w in (("a", 0.1), ("b", 0.2))
+    ]  # fmt: skip
+    report = write_report(Selection(runs, "two runs"), tmp_path)
+    assert report.plots == {}
+    notes = " | ".join(report.notes)
+    assert "vs gamma: skipped, every run with a drafter has gamma=3 (one x value)" in notes
+    assert "quality vs acceptance: skipped, every run has acceptance 0.2 (one x value)" in notes
+    assert "per-position acceptance: skipped, every run has only draft position 1 (one x value)" in notes

@@ -104,6 +104,12 @@ def test_submitit_local_multirun_nests_jobs_from_other_processes(mlflow_uri, tmp
     assert parent.data.tags["specbench.launcher"] == "LocalLauncher"
     assert [c.data.params["schedule.gamma"] for c in children] == ["1", "2"]
     assert (sweep_dir / ".submitit").is_dir()
+    assert not (sweep_dir / ".submitit" / "%j").exists()  # the pattern dir submitit's local executor left
+    # Jobs print into their log files; the submitter prints each job's table, headed by what sets it apart.
+    for number, gamma in ((0, 1), (1, 2)):
+        head = f"== job {number}: schedule.gamma={gamma}\n"
+        assert head in proc.stdout, proc.stdout[-3000:]
+        assert proc.stdout.split(head, 1)[1].splitlines()[2].startswith(f"sd (constant, gamma={gamma})")
 
 
 def test_a_failed_job_fails_the_parent(mlflow_uri, tmp_path):
@@ -325,3 +331,34 @@ def test_a_sigkilled_submitter_leaves_no_parent_running_after_the_next_sweep(mlf
     assert f"pid {submitter.pid}" in orphan.data.tags["specbench.error"]
     fresh, _ = sweep_runs(tmp_path / "next")
     assert fresh.info.status == "FINISHED"
+
+
+# --- run dirs ------------------------------------------------------------------------------------------
+
+
+def test_two_launches_in_the_same_second_get_their_own_run_dirs(tmp_path):
+    """conf/config.yaml's run dir is DATE/TIME-<random>: two launches in one second never share it."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for attempt in range(4):  # until both start within one second (the case that used to collide)
+        cwd = tmp_path / str(attempt)
+        cwd.mkdir()
+        procs = [
+            subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *TINY, "schedule.gamma=0"], cwd=cwd, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]  # fmt: skip
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 2 and "schedule.gamma" in err
+        run_dirs = sorted(p.parent.relative_to(cwd / "outputs") for p in (cwd / "outputs").glob("*/*/.hydra"))
+        assert len(run_dirs) == 2 and run_dirs[0] != run_dirs[1]
+        times = {d.name.rsplit("-", 1)[0] for d in run_dirs}
+        if len(times) == 1:
+            return
+    pytest.skip("the two launches never started within the same second")

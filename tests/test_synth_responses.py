@@ -78,14 +78,14 @@ def test_resume_with_several_responses_gives_the_uninterrupted_rows(verifier, pr
     with pytest.raises(Crash):
         run(verifier, prompts, tmp_path / "cut", on_batch=crash)
     run(verifier, prompts, tmp_path / "cut")
-    key = lambda r: (r["source_index"], r["response_index"])  # noqa: E731
+    key = lambda r: (r["source_index"], r["response_index"])
     assert sorted(read_rows(rows_path(tmp_path / "cut")), key=key) == sorted(expected, key=key)
 
 
 def test_runs_with_other_seeds_merge_and_the_same_run_twice_is_refused(verifier, prompts, tmp_path):
     run(verifier, prompts, tmp_path / "s7")
     run(verifier, prompts, tmp_path / "s8", dataclasses.replace(SETTINGS, seed=8))
-    data, meta = load_synthetic([tmp_path / "s7", tmp_path / "s8"])
+    _, meta = load_synthetic([tmp_path / "s7", tmp_path / "s8"])
     assert meta["rows"] == 2 * read_rows(rows_path(tmp_path / "s7")).__len__()
     run(verifier, prompts, tmp_path / "again")
     with pytest.raises(SynthDataError, match="given twice"):

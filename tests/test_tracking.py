@@ -235,3 +235,134 @@ def test_launch_crash_is_a_failed_run(mlflow_uri, tmp_path):
     assert run.data.params["model.verifier.kind"] == "local"
     assert "specbench.error" in run.data.tags
     assert json.loads((run_dir / RUN_FILE).read_text())["run_id"] == run.info.run_id
+
+
+# ---- what is recorded is what ran; config errors open no run; the store is checked in seconds ------------
+
+
+def test_an_alias_is_recorded_under_its_canonical_name(mlflow_uri, tmp_path):
+    run_task(EvalTask(compose_config([*TINY, "dataset.limit=1", "eval.baseline=false", "method=static_en",
+                                      f"eval.output_dir={tmp_path}"])))  # fmt: skip
+    (run,) = runs_of(mlflow_uri)
+    params, tags = run.data.params, run.data.tags
+    assert (params["method.name"], params["method.draft_weight"]) == ("static_ensemble", "0.3")
+    assert (tags["specbench.method"], tags["specbench.method_alias"]) == ("static_ensemble", "static_en")
+    found = client(mlflow_uri).search_runs([run.info.experiment_id], "params.`method.name` = 'static_ensemble'")
+    assert [r.info.run_id for r in found] == [run.info.run_id]  # filtering by method finds aliased runs
+    assert run.info.run_name.startswith("static_ensemble")
+
+
+def test_an_eval_run_logs_its_groups_as_params_and_measurements_as_metrics(mlflow_uri, tmp_path):
+    metrics = run_task(EvalTask(compose_config([*TINY, "dataset.limit=1", f"eval.output_dir={tmp_path}"])))
+    (run,) = runs_of(mlflow_uri)
+    params, logged = run.data.params, run.data.metrics
+    assert not [k for k in params if k.startswith(("train.", "synth."))]  # groups eval does not read
+    assert params["schedule.gamma"] == "3" and params["gen.max_new_tokens"] == "6"
+    for key in ("gamma", "max_gamma", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "batch_size",
+                "num_shards", "shard_id", "num_threads"):  # fmt: skip
+        assert key in metrics and key not in logged  # config values: params, not metrics
+    assert logged["tau"] == pytest.approx(metrics["tau"]) and "model_load_s" in logged
+
+
+def test_untrained_diversed_says_so_on_the_console_and_in_a_tag(mlflow_uri, tmp_path, capsys):
+    metrics = run_task(EvalTask(compose_config([*TINY, "dataset.limit=1", "eval.baseline=false",
+                                                "method=sd_en", f"eval.output_dir={tmp_path}"])))  # fmt: skip
+    note = "method.head_checkpoint is null, so the DIVERSED weight head is untrained (draft weight w = 0.5"
+    assert note in capsys.readouterr().out and note in metrics["untrained"]
+    (run,) = runs_of(mlflow_uri)
+    assert note in run.data.tags["specbench.untrained"]
+    assert json.loads((tmp_path / "metrics.json").read_text())["untrained"] == metrics["untrained"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "is a directory, not a prompt file"),
+        (b"", "is empty (0 bytes)"),
+        (b'{"prompt": "ok"}\n{"prompt": broken\n', ":2: not valid JSON"),
+        (b'{"prompt": "ok"}\n\x00\x01\x02binary', ":2: not a text file (a NUL byte at column 1)"),
+    ],
+)
+def test_a_dataset_file_error_opens_no_run(content, message, mlflow_uri, tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    cfg = compose_config([*TINY, "dataset=jsonl", f"dataset.path={path}", f"eval.output_dir={tmp_path / 'out'}"])
+    with pytest.raises(ConfigError) as info:
+        run_task(EvalTask(cfg))
+    assert str(info.value).startswith("dataset.path") and message in str(info.value)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+    assert runs_of(mlflow_uri) == [] and not (tmp_path / "out").exists()
+
+
+def test_a_report_error_opens_no_run(mlflow_uri, tmp_path):
+    from specbench.tasks.report import ReportTask
+
+    empty = tmp_path / "no-runs-here"
+    empty.mkdir()
+    for overrides in ([f"task.sweep_dir={empty}"], ["task.experiment=specbench-nothing"]):
+        cfg = compose_config(["task=report", *overrides, f"task.output_dir={tmp_path / 'out'}"])
+        with pytest.raises(ConfigError, match="task=report: no runs"):
+            run_task(ReportTask(cfg))
+    assert runs_of(mlflow_uri, "specbench-report") == [] and not (tmp_path / "out").exists()
+
+
+def test_a_report_run_is_named_after_the_report_and_logs_its_own_groups(mlflow_uri, tmp_path):
+    from specbench.tasks.report import ReportTask
+
+    job = tmp_path / "sweep" / "0"
+    job.mkdir(parents=True)
+    (job / "metrics.json").write_text(json.dumps({"method": "sd", "tau": 1.5, "acceptance_rate": 0.2}))
+    cfg = compose_config(["task=report", f"task.sweep_dir={tmp_path / 'sweep'}", f"task.output_dir={tmp_path / 'o'}"])
+    run_task(ReportTask(cfg))
+    (run,) = runs_of(mlflow_uri, "specbench-report")
+    assert run.info.status == "FINISHED" and run.info.run_name.startswith(f"report {tmp_path / 'sweep'}")
+    assert "specbench.method" not in run.data.tags and "specbench.drafter" not in run.data.tags
+    assert {k.split(".", 1)[0] for k in run.data.params} == {"task", "tracking"}
+
+
+def test_run_name_heads_name_the_task_not_an_unrelated_method():
+    from specbench.tasks.synth import SynthTask
+    from specbench.tracking.run import name_head
+
+    assert name_head(compose_config(["method.name=static_en"]), "eval") == "static_ensemble"
+    assert name_head(compose_config(["task=report"]), "report") == "report"
+    assert name_head(compose_config(["task=synth"]), "synth") == "synth"
+    assert name_head(compose_config(["task=train", "method=diversed"]), "train") == "train diversed"
+    synth = SynthTask(compose_config([*TINY, "task=synth"]))
+    synth.check()
+    assert synth.run_name() == "synth tiny-random-llama demo"
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("http://127.0.0.1:1", "tracking.uri: cannot reach the MLflow server at http://127.0.0.1:1"),
+        ("foo://somewhere", "tracking.uri: unsupported tracking URI 'foo://somewhere'"),
+        ("NOT_A_DB", "is not an SQLite database"),
+        ("A_DIR", "is a directory, not an SQLite database file"),
+        ("file:///tmp/specbench-file-store", "MLflow's retired file store"),
+    ],
+)
+def test_a_tracking_store_mlflow_cannot_use_fails_in_seconds_naming_the_key(uri, message, tmp_path):
+    import time
+
+    if uri == "NOT_A_DB":
+        uri = str(tmp_path / "notes.txt")
+        Path(uri).write_text("these are notes, not a database\n")
+    if uri == "A_DIR":
+        uri = f"sqlite:///{tmp_path}"
+    started = time.monotonic()
+    proc = launch([*TINY, f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'run'}"], cache_dir=tmp_path / "c")
+    assert time.monotonic() - started < 10, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert line.startswith("Config error: tracking.uri") and message in line
+
+
+def test_a_tracking_uri_from_the_environment_is_named_as_such(tmp_path):
+    proc = launch([*TINY, f"hydra.run.dir={tmp_path / 'run'}"], env_extra={"MLFLOW_TRACKING_URI": "http://127.0.0.1:1"})
+    assert proc.returncode == 2
+    assert "tracking.uri (null, so $MLFLOW_TRACKING_URI): cannot reach the MLflow server" in proc.stderr

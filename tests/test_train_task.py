@@ -127,7 +127,7 @@ def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["method=sd"], "task=train trains method=sd2, distill or diversed"),
+        (["method=sd"], "task=train trains method=sd2, distill, diversed or eagle3"),
         (["method=sd2"], "task=train method=sd2 trains an SD² steering head: add steering=sd2"),
         ([*SD2], "task=train method=sd2 needs train.data=DIR"),
         ([*SD2, "train.data=/no/such/dir"], "train.data: '/no/such/dir' does not exist"),
@@ -137,6 +137,11 @@ def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
         ([*SD2, "train.data=.", "train.max_offset=0"], "train.max_offset must be >= 1"),
         ([*SD2, "train.data=.", "train.baseline_ema=1"], "train.baseline_ema must be in [0, 1)"),
         ([*SD2, "train.data=.", "model/drafter=none"], "model.drafter.kind is 'none'"),
+        (["method=eagle3", "train.data=."], "task=train method=eagle3 trains an EAGLE-3 head: add model/drafter=eagle3"),
+        (["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.init_layer=copy"],
+         "train.init_layer must be one of ['random', 'verifier_last']"),
+        (["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.ttt_chain_fraction=0"],
+         "train.ttt_chain_fraction must be in (0, 1]"),
     ],
 )
 def test_bad_training_config_names_the_key(overrides, message):
@@ -152,3 +157,26 @@ def test_data_from_another_verifier_is_refused(synth_dir, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 2 and "was sampled from verifier" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_training_console_is_progress_and_results(tmp_path, mlflow_uri):
+    """DIVERSED training on the console: step lines, validation lines, the result; no duplicated INFO lines,
+    no Lightning tips or accelerator lines, no ``Epoch 1/-2`` bar, no 12-line checkpoint warning."""
+    data = tmp_path / "say.jsonl"
+    words = ["hello", "cat", "dog", "the sun", "blue sky", "red", "one two", "green tea"]
+    data.write_text("".join(json.dumps({"id": i, "prompt": f"Say {w}", "reference": w}) + "\n"
+                            for i, w in enumerate(words)))  # fmt: skip
+    out = tmp_path / "out"
+    proc = launch(
+        ["task=train", *TINY, "method=diversed", "dataset=jsonl", f"dataset.path={data}", "dataset.metric=bleu",
+         "gen.max_new_tokens=6", "train.val_prompts=2", *SHORT, f"train.output_dir={out}",
+         f"hydra.run.dir={out / 'hydra'}"],
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    console = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert [line.split()[0] for line in console] == [
+        "step", "step", "validation", "step", "step", "validation", "trained"
+    ], console  # fmt: skip
+    assert console[3].startswith("step 3/4  ") and "mean_draft_weight 0.5" in console[3]
+    assert console[-1] == f"trained diversed: step 4, checkpoint {out / 'trained.pt'}"

@@ -22,8 +22,8 @@ from specbench.drafters.trained import (
     trainable_drafter,
 )
 from specbench.models.early_exit import early_exit_drafter
-from specbench.models.taps import record_states
 from specbench.models.loading import LoadedModel, ModelSpec
+from specbench.models.taps import record_states
 from specbench.models.tiny import EOS_ID, PAD_ID, byte_tokenizer, tiny_random_model
 from specbench.training.drafter import (
     DrafterTraining,

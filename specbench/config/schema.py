@@ -7,7 +7,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from specbench.models.loading import ModelSpec
+from specbench.models.spec import ModelSpec
+from specbench.values import GENERATION_DEFAULTS, SCHEDULE_DEFAULTS
 
 
 @dataclass
@@ -47,18 +48,27 @@ class ModelPairConfig:
 
 @dataclass
 class MethodConfig:
-    """A verification rule and its parameters; each method reads only its own (methods.md §2)."""
+    """A verification rule and its parameters; each method reads only its own (methods.md §2).
+
+    ``None`` means "the method's default" (``conf/method/<name>.yaml``): validation fills it in and clears
+    the parameters the method does not read, and turns an alias into ``name`` + ``alias``
+    (specbench/config/methods.py), so ``method.name=static_en`` runs what ``method=static_ensemble`` runs.
+    """
 
     name: str = MISSING
-    lenience: float = 1.0  # lossy
-    draft_weight: float = 0.0  # static_ensemble
-    pool: str = "linear"  # static_ensemble: linear | log_linear
-    deferral: str = "chow"  # cascade: chow | diff | opt | token
-    alpha: float = 0.0  # cascade
-    epsilon: float = 0.09  # typical
-    delta: float = 0.3  # typical
-    head_checkpoint: str | None = None  # diversed: the trained weight head (issue 6)
-    drafter_checkpoint: str | None = None  # distill: the distilled drafter (issue 5)
+    alias: str | None = None  # the alias the method was asked for (sd_en, static_en, ...); recorded as a tag
+    lenience: float | None = None  # lossy
+    draft_weight: float | None = None  # static_ensemble
+    pool: str | None = None  # static_ensemble, diversed: linear | log_linear
+    deferral: str | None = None  # cascade: chow | diff | opt | token
+    alpha: float | None = None  # cascade
+    epsilon: float | None = None  # typical
+    delta: float | None = None  # typical
+    window_size: int | None = None  # fly: drafts after a mismatch that must pass sd (null: min(6, drafts - 1))
+    entropy_threshold: float | None = None  # fly: verifier top-k entropy (nats) above which a mismatch may defer
+    entropy_top_k: int | None = None  # fly
+    head_checkpoint: str | None = None  # diversed: the trained weight head
+    drafter_checkpoint: str | None = None  # distill: the distilled drafter
 
 
 @dataclass
@@ -78,19 +88,20 @@ class SteeringConfig:
 class ScheduleConfig:
     """Draft-length schedule (methods.md §3.1)."""
 
-    name: str = "constant"
-    gamma: int = 3
-    max_gamma: int = 16
-    confidence_threshold: float = 0.4
+    name: str = SCHEDULE_DEFAULTS["name"]
+    gamma: int = SCHEDULE_DEFAULTS["gamma"]
+    max_gamma: int = SCHEDULE_DEFAULTS["max_gamma"]
+    confidence_threshold: float = SCHEDULE_DEFAULTS["confidence_threshold"]
+    profile: str | None = None  # cost_aware: a task=profile file (null: measured when the run starts)
 
 
 @dataclass
 class GenConfig:
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
+    max_new_tokens: int = GENERATION_DEFAULTS["max_new_tokens"]
+    temperature: float = GENERATION_DEFAULTS["temperature"]
+    top_k: int = GENERATION_DEFAULTS["top_k"]
+    top_p: float = GENERATION_DEFAULTS["top_p"]
+    seed: int = GENERATION_DEFAULTS["seed"]
     batch_size: int = 1
 
 
@@ -155,6 +166,16 @@ class SynthConfig:
     num_shards: int = 1  # a SLURM array: job shard_id samples prompts i with i % num_shards == shard_id
     shard_id: int = 0
     resume: bool = True  # a rerun into the same output dir samples only the prompts not done yet
+    responses_per_prompt: int = 1  # sampled responses per prompt (T > 0 gives different ones)
+    max_new_tokens: int | None = None  # cap on generated tokens per row (None: up to target_len in all)
+    # Who samples the responses (specbench/serving, docs/scaling.md): hf (this process) | openai | vllm
+    backend: str = "hf"
+    server_url: str | None = None  # openai / vllm: http://HOST:PORT of an OpenAI-compatible server
+    server_model: str | None = None  # None: the one model the server lists
+    concurrency: int = 64  # requests in flight
+    request_timeout_s: float = 600.0
+    max_retries: int = 3
+    token_ids: str = "server"  # server: exact ids from the server | retokenize: re-encode its text (checked)
 
 
 @dataclass
@@ -193,6 +214,28 @@ class TrainConfig:
     regularizer: str = "tv"  # tv: -lambda * mean(1 - TV(q, pi)) | l2: (mean w_draft - target_weight)^2
     regularizer_weight: float = 0.1
     target_weight: float = 0.5  # l2 regulariser target draft weight
+    # EAGLE-3 head (method=eagle3; docs/eagle3.md)
+    draft_vocab_size: int | None = 8192  # most frequent response tokens of train.data (None: whole vocabulary)
+    taps: list[int] | None = None  # verifier taps (None: EAGLE-3's (2, N//2, N-3))
+    ttt_steps: int = 7  # training-time test: steps unrolled on the head's own outputs
+    loss_decay: float = 0.8  # weight of step i: loss_decay^i
+    ttt_chain_fraction: float = 1.0  # share of chains unrolled past step 0 (anchored TTT; 1: all)
+    freeze_lm_head: bool = False  # keep the head's LM head at the verifier's rows
+    init_layer: str = "random"  # random | verifier_last: the decoder layer starts as the verifier's last one
+    feature_cache: str | None = None  # DIR: verifier taps + targets computed once, shared by trainings
+    feature_top_k: int | None = None  # targets: top-k of the verifier's draft-vocabulary distribution (None: all)
+    feature_batch_size: int = 8  # rows per verifier forward when the cache is built
+
+
+@dataclass
+class ProfileConfig:
+    """``task=profile``: the verifier's time v(n) for n new tokens and the drafter's cost per drafted token."""
+
+    output: str | None = None  # the profile file (None: <run dir>/profile.json)
+    max_n: int | None = None  # n = 1..max_n (None: schedule.max_gamma + 1)
+    context_len: int = 256  # tokens already cached when v(n) is timed
+    repeats: int = 7  # timings per n (median)
+    draft_prompts: int = 2  # demo prompts decoded to time the drafter
 
 
 @dataclass
@@ -211,6 +254,7 @@ class RuntimeConfig:
     device: str = "auto"
     dtype: str = "float32"
     num_threads: int | None = None  # torch CPU threads (torch.set_num_threads); None: torch's default
+    tp_plan: str | None = None  # auto: transformers tensor parallel under torchrun (docs/scaling.md)
 
 
 @dataclass
@@ -228,5 +272,6 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     synth: SynthConfig = field(default_factory=SynthConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

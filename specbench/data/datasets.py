@@ -379,8 +379,18 @@ def _unavailable(s: DatasetSettings, err: BaseException) -> DatasetUnavailableEr
     )
 
 
+FILE_KINDS = "a .jsonl / .json file (optionally .gz), a .parquet file or a datasets save_to_disk directory"
+SNIFF_BYTES = 1 << 16
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """A directory written by ``datasets``' ``save_to_disk`` (one split, or a DatasetDict)."""
+    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
 def check_source(s: DatasetSettings) -> None:
-    """Cheap checks that the data is reachable, before any model loads; raises DatasetUnavailableError.
+    """Cheap checks that the data is reachable, before any model loads; raises DatasetUnavailableError
+    (nothing there) or ValueError (``dataset.path`` is a directory, empty, or not text), naming the file.
 
     Offline, a hub dataset without ``dataset.path`` is probed in the local cache (no download).
     """
@@ -391,6 +401,7 @@ def check_source(s: DatasetSettings) -> None:
                 f"dataset.path: file {s.path!r} does not exist (relative paths start at {Path.cwd()}); "
                 f"pass dataset.path=FILE with {_expected_rows(s)}"
             )
+        check_prompt_file(path)
         return
     source = s.spec.source
     if source == "package":
@@ -420,6 +431,51 @@ def check_source(s: DatasetSettings) -> None:
             raise _unavailable(s, err) from err
 
 
+def check_prompt_file(path: Path) -> None:
+    """``dataset.path`` must be a non-empty text, gzip or parquet file, or a save_to_disk directory."""
+    if path.is_dir():
+        if not is_saved_dataset(path):
+            raise ValueError(
+                f"dataset.path: {str(path)!r} is a directory, not a prompt file; pass {FILE_KINDS}"
+            )
+        return
+    if path.stat().st_size == 0:
+        raise ValueError(
+            f"dataset.path: {str(path)!r} is empty (0 bytes); pass a file with one prompt per row"
+        )
+    name = path.name.lower()
+    with open(path, "rb") as handle:
+        head = handle.read(SNIFF_BYTES)
+    if name.endswith(".parquet"):
+        if not head.startswith(b"PAR1"):
+            raise ValueError(f"dataset.path: {str(path)!r} is not a parquet file (no PAR1 header)")
+        return
+    if name.endswith(".gz"):
+        if not head.startswith(b"\x1f\x8b"):
+            raise ValueError(f"dataset.path: {str(path)!r} is not gzip-compressed (no gzip header)")
+        return
+    if b"\x00" in head:
+        before = head[: head.index(b"\x00")]
+        line, column = before.count(b"\n") + 1, len(before) - (before.rfind(b"\n") + 1) + 1
+        raise ValueError(
+            f"dataset.path: {path}:{line}: not a text file (a NUL byte at column {column}); pass {FILE_KINDS}"
+        )
+    complete = head if len(head) < SNIFF_BYTES else head[: head.rfind(b"\n") + 1]  # whole lines only
+    for number, raw in enumerate(complete.split(b"\n"), start=1):
+        decode_line(raw, path, number)
+
+
+def decode_line(raw: bytes, path: Path, number: int) -> str:
+    """One line of a prompt file as text; bytes that are not UTF-8 are an error naming file and line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"dataset.path: {path}:{number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
+            f"{err.start + 1}); pass {FILE_KINDS}"
+        ) from None
+
+
 def _expected_rows(s: DatasetSettings) -> str:
     if s.spec.schema:
         return f"rows in the hub schema of {s.hf_id or s.name} (fields: {', '.join(s.spec.schema)})"
@@ -439,14 +495,29 @@ def _read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     if name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        return [(i + 1, row) for i, row in enumerate(pq.read_table(path).to_pylist())]
+        try:
+            table = pq.read_table(path)
+        except Exception as err:  # noqa: BLE001 - pyarrow's errors: one line naming the file
+            reason = type(err).__name__
+            raise ValueError(f"dataset.path: {path}: not a readable parquet file ({reason})") from None
+        return [(i + 1, row) for i, row in enumerate(table.to_pylist())]
     opener = gzip.open if name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        text = handle.read()
+    try:
+        with opener(path, "rb") as handle:
+            data = handle.read()
+    except (OSError, EOFError) as err:
+        raise ValueError(f"dataset.path: {path}: cannot be read ({type(err).__name__}: {err})") from None
+    lines = [decode_line(raw, path, number) for number, raw in enumerate(data.split(b"\n"), start=1)]
+    text = "\n".join(lines)
     if name.endswith((".json", ".json.gz")) and text.lstrip().startswith("["):
-        return [(i + 1, row) for i, row in enumerate(json.loads(text))]
+        try:
+            loaded = json.loads(text)
+        except json.JSONDecodeError as err:
+            where = f"{path}:{err.lineno}"
+            raise ValueError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+        return [(i + 1, row) for i, row in enumerate(loaded)]
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -692,7 +763,8 @@ def load_dataset_prompts(settings: DatasetSettings | Any) -> list[Prompt]:
     file and row for a row that does not fit the dataset's schema.
     """
     s = settings if isinstance(settings, DatasetSettings) else dataset_settings(settings)
-    if s.name == "demo" or (s.name == "jsonl" and s.reference_field == "reference" and not s.categories):
+    plain_jsonl = s.name == "jsonl" and s.reference_field == "reference" and not s.categories
+    if s.name == "demo" or (plain_jsonl and not Path(s.path).expanduser().is_dir()):
         if s.name == "jsonl":
             check_source(s)
         if s.subset == "all":

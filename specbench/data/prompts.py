@@ -34,8 +34,14 @@ def demo_path() -> Path:
 def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; a corrupt line raises ValueError naming file and line."""
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{path}:{number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1})"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -114,6 +120,8 @@ def load_jsonl(
     ``id`` is the row's ``id`` or ``question_id``, else its line number.
     """
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise ValueError(f"prompt file {str(path)!r} is a directory, not a .jsonl file")
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
     rows = subset(read_jsonl(path), limit, seed)

@@ -32,7 +32,7 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from specbench.data.datasets import DatasetSettings, encode_sample
 from specbench.data.prompts import Prompt
@@ -63,6 +63,59 @@ MERGE_KEYS = (
 
 # Called after each batch is written, with the source indices of its new rows and the rows.
 SynthCallback = Callable[[list[int], list[dict]], None]
+
+
+class ResponseBackend(Protocol):
+    """What samples the responses of one batch for :func:`synthesize`: the HF engine by default
+    (:class:`EngineBackend`), or a serving engine (``specbench.serving.openai_backend``).
+
+    ``generate`` gets the prompts (token ids, chat template applied), each row's budget of new tokens and
+    each row's seed (:func:`batch_seed` of its job id), and returns every row's generated ids (EOS
+    included when the row ended there) and the batch's wall time in seconds.
+    """
+
+    def generate(
+        self, prompts: list[list[int]], budgets: list[int], seeds: list[int]
+    ) -> tuple[list[list[int]], float]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class EngineBackend:
+    """specbench's own decoding loop (autoregressive, the verifier alone): one seed per batch, the first
+    row's (so a batch draws what it drew before backends existed), and one budget, the largest."""
+
+    def __init__(self, verifier: LoadedModel, settings: SynthSettings):
+        from specbench.decoding.engine import GenerationSettings
+        from specbench.decoding.schedules import DraftSchedule
+        from specbench.evaluation import build_engines
+
+        self.engine, _ = build_engines(
+            verifier,
+            None,
+            None,
+            DraftSchedule(),
+            GenerationSettings(
+                max_new_tokens=settings.target_len - 1,
+                temperature=settings.temperature,
+                top_k=settings.top_k,
+                top_p=settings.top_p,
+                seed=settings.seed,
+            ),
+            baseline=False,
+        )
+
+    def generate(
+        self, prompts: list[list[int]], budgets: list[int], seeds: list[int]
+    ) -> tuple[list[list[int]], float]:
+        engine = self.engine
+        engine.settings = dataclasses.replace(engine.settings, max_new_tokens=max(budgets))
+        engine.reseed(seeds[0])
+        results = engine.generate(prompts)
+        return [r.output_ids for r in results], results[0].wall_time
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "hf"}
 
 
 class SynthDataError(ValueError):
@@ -372,7 +425,16 @@ def run_identity(
         identity["verifier"] = verifier_name
     if tokenizer_hash is not None:
         identity["tokenizer_hash"] = tokenizer_hash
-    identity.update({f"model.verifier.{k}": v for k, v in dataclasses.asdict(verifier_spec).items()})
+    from specbench.models.sharding import PLACEMENT_FIELDS
+
+    # Where the weights sit (device_map, offloading) does not change the rows: a resume may move them.
+    identity.update(
+        {
+            f"model.verifier.{k}": v
+            for k, v in dataclasses.asdict(verifier_spec).items()
+            if k not in PLACEMENT_FIELDS
+        }
+    )
     for key in ("target_len", "max_prompt_len", "temperature", "top_k", "top_p", "seed"):
         identity[f"synth.{key}"] = getattr(settings, key)
     for key, default in (("responses_per_prompt", 1), ("max_new_tokens", None)):
@@ -445,6 +507,7 @@ def synthesize(
     progress: bool = True,
     on_batch: SynthCallback | None = None,
     extra_metadata: Mapping[str, Any] | None = None,
+    backend: ResponseBackend | None = None,
 ) -> SynthResult:
     """Sample this shard's rows from ``verifier`` into ``out_dir`` and save them as a DatasetDict.
 
@@ -454,12 +517,11 @@ def synthesize(
     and each row is cut to ``target_len`` tokens; every batch is sampled with its own seed
     (:func:`batch_seed`) and its rows are flushed to the rows file before the next one. With ``resume``,
     rows already in the file (same settings, else SynthDataError) are kept and only missing prompts run.
+    ``backend`` generates the responses (default: :class:`EngineBackend`, the verifier in this process).
     """
     from tqdm.auto import tqdm
 
-    from specbench.decoding.engine import GenerationSettings
-    from specbench.decoding.schedules import DraftSchedule
-    from specbench.evaluation import build_engines, eos_token_ids, shard_indices
+    from specbench.evaluation import eos_token_ids, pad_token_id, shard_indices
     from specbench.models.pair import tokenizer_hash
 
     out = Path(out_dir).expanduser()
@@ -508,20 +570,7 @@ def synthesize(
             print(f"synth.resume=false: kept the earlier file as {moved}", file=sys.stderr)
     _write_json(record_file, {"format": FORMAT, "version": FORMAT_VERSION, "identity": identity})
 
-    engine, _ = build_engines(
-        verifier,
-        None,
-        None,
-        DraftSchedule(),
-        GenerationSettings(
-            max_new_tokens=settings.target_len - 1,
-            temperature=settings.temperature,
-            top_k=settings.top_k,
-            top_p=settings.top_p,
-            seed=settings.seed,
-        ),
-        baseline=False,
-    )
+    backend = backend or EngineBackend(verifier, settings)
     eos = eos_token_ids(verifier.model, tokenizer)
     batches = plan_batches({j: len(encoded[i]) for j, (i, _) in jobs.items()}, settings.batch_size)
     todo = [b for b in batches if any(i not in done for i in b)]
@@ -534,20 +583,20 @@ def synthesize(
     )
     with open(rows_file, "a", encoding="utf-8") as handle:
         for batch in todo:
-            budget = settings.target_len - min(len(encoded[jobs[j][0]]) for j in batch)
+            budgets = [settings.target_len - len(encoded[jobs[j][0]]) for j in batch]
             if settings.max_new_tokens is not None:
-                budget = min(budget, settings.max_new_tokens)
-            engine.settings = dataclasses.replace(engine.settings, max_new_tokens=budget)
-            engine.reseed(batch_seed(settings.seed, batch[0]))
-            results = engine.generate([encoded[jobs[j][0]] for j in batch])
-            wall += results[0].wall_time
+                budgets = [min(b, settings.max_new_tokens) for b in budgets]
+            outputs, seconds = backend.generate(
+                [encoded[jobs[j][0]] for j in batch], budgets, [batch_seed(settings.seed, j) for j in batch]
+            )
+            wall += seconds
             written = []
-            for job, result in zip(batch, results):
+            for job, output_ids in zip(batch, outputs):
                 if job in done:
                     continue  # a batch cut by a crash: its finished rows are kept as they were
                 index, response = jobs[job]
                 row = make_row(
-                    encoded[index], result.output_ids, settings.target_len, eos, index, prompts[index].id,
+                    encoded[index], output_ids, settings.target_len, eos, index, prompts[index].id,
                     response,
                 )
                 handle.write(json.dumps(row) + "\n")
@@ -565,8 +614,10 @@ def synthesize(
 
     rows = [done[i] for i in sorted(done)]
     metadata = _metadata(
-        verifier, settings, dataset, identity, rows, skipped, selected, formats, len(prompts), eos, engine
+        verifier, settings, dataset, identity, rows, skipped, selected, formats, len(prompts), eos,
+        pad_token_id(tokenizer, eos),
     )
+    metadata["backend"] = backend.describe()
     metadata.update(dict(extra_metadata or {}))
     target = dataset_path(out, settings.shard_id, settings.num_shards)
     save_dataset(rows, metadata, target)
@@ -574,7 +625,7 @@ def synthesize(
 
 
 def _metadata(
-    verifier, settings, dataset, identity, rows, skipped, selected, formats, total, eos, engine
+    verifier, settings, dataset, identity, rows, skipped, selected, formats, total, eos, pad_id
 ) -> dict:
     spec = verifier.spec
     chosen = validation_ids((r.source_id for r in rows), settings.validation_fraction)
@@ -591,7 +642,7 @@ def _metadata(
         "tokenizer_hash": identity["tokenizer_hash"],
         "tokenizer_size": len(verifier.tokenizer),
         "eos_token_ids": list(eos),
-        "pad_token_id": engine.pad_token_id,
+        "pad_token_id": pad_id,
         "dtype": str(verifier.model.dtype).removeprefix("torch."),
         "device": str(verifier.model.device),
         "seed": settings.seed,

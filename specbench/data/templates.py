@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # importing transformers costs seconds; config checks import this module
+    from transformers import PreTrainedTokenizerBase
 
 PROMPT_FORMATS = ("auto", "chat", "plain")
 

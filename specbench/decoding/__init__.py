@@ -1,6 +1,8 @@
 """Decoding: one engine loop, pure verification rules, draft schedules, the KV-cache adapter."""
 
+from specbench.decoding.block import BlockRule
 from specbench.decoding.engine import GenerationSettings, RoundRecord, SampleResult, SpeculativeEngine
+from specbench.decoding.fly import FlyRule
 from specbench.decoding.rules import (
     CascadeRule,
     EnsembleRule,
@@ -15,7 +17,21 @@ from specbench.decoding.verification import Verdict, verify_round
 from specbench.decoding.warping import Warping
 
 __all__ = [
-    "CascadeRule", "DraftSchedule", "EnsembleRule", "GenerationSettings", "LenientRule", "RoundRecord",
-    "SampleResult", "SpeculativeEngine", "TypicalRule", "Verdict", "VerificationRule", "Warping",
-    "one_step_distribution", "pool_distributions", "verify_round",
+    "BlockRule",
+    "CascadeRule",
+    "DraftSchedule",
+    "EnsembleRule",
+    "FlyRule",
+    "GenerationSettings",
+    "LenientRule",
+    "RoundRecord",
+    "SampleResult",
+    "SpeculativeEngine",
+    "TypicalRule",
+    "Verdict",
+    "VerificationRule",
+    "Warping",
+    "one_step_distribution",
+    "pool_distributions",
+    "verify_round",
 ]

@@ -87,8 +87,10 @@ class CachedModel:
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given batch rows (finished sequences leave the batch)."""
         for layer in self._layers():
-            layer.keys = layer.keys[rows]
-            layer.values = layer.values[rows]
+            # Each layer's cache lives on that layer's device (a device_map spreads layers over GPUs).
+            here = rows.to(layer.keys.device)
+            layer.keys = layer.keys[here]
+            layer.values = layer.values[here]
         self.valid = self.valid[rows]
         self._compact()
 
@@ -111,9 +113,10 @@ class CachedModel:
             order = torch.sort(self.valid.long(), dim=1, stable=True).indices
             self.valid = torch.gather(self.valid, 1, order)
             for layer in self._layers():
-                index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+                here = order.to(layer.keys.device)
+                index = here[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
                 layer.keys = torch.gather(layer.keys, 2, index)
-                index = order[:, None, :, None].expand(-1, layer.values.shape[1], -1, layer.values.shape[-1])
+                index = here[:, None, :, None].expand(-1, layer.values.shape[1], -1, layer.values.shape[-1])
                 layer.values = torch.gather(layer.values, 2, index)
             used_columns = self.valid.any(dim=0)
         if not bool(used_columns.any()):

@@ -209,7 +209,7 @@ def load_diversed_rule(
     hidden sizes or tokenizer hash differ), FileNotFoundError / ValueError for a missing or foreign file.
     A head trained with the other pool is used as asked, with a warning.
     """
-    from specbench.training.checkpoints import read_checkpoint
+    from specbench.models.checkpoints import read_checkpoint
 
     state_dict, metadata = read_checkpoint(path)
     expected = pair_metadata(verifier, drafter, pool)

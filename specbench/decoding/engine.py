@@ -23,25 +23,19 @@ from specbench.decoding.verification import verify_round
 from specbench.decoding.warping import Warping
 from specbench.drafters.base import Drafter, Proposal, VerifierNeeds, VerifierView
 from specbench.models.devices import synchronize
+from specbench.values import GENERATION_DEFAULTS, check_generation
 
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
+    max_new_tokens: int = GENERATION_DEFAULTS["max_new_tokens"]
+    temperature: float = GENERATION_DEFAULTS["temperature"]
+    top_k: int = GENERATION_DEFAULTS["top_k"]
+    top_p: float = GENERATION_DEFAULTS["top_p"]
+    seed: int = GENERATION_DEFAULTS["seed"]
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"gen.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"gen.temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"gen.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"gen.top_p must be in (0, 1], got {self.top_p}")
+        check_generation(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.seed)
 
     @property
     def warping(self) -> Warping:

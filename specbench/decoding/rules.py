@@ -83,7 +83,7 @@ class LenientRule(VerificationRule):
 
     name = "lossy"
 
-    def __init__(self, lenience: float):
+    def __init__(self, lenience: float = 0.5):
         if not 0.0 < lenience <= 1.0:
             raise ValueError(f"method.lenience must be in (0, 1], got {lenience}")
         self.lenience = float(lenience)
@@ -119,7 +119,7 @@ class EnsembleRule(VerificationRule):
     POOLS = ("linear", "log_linear")
     accepts_deterministic = False
 
-    def __init__(self, draft_weight: float, pool: str = "linear"):
+    def __init__(self, draft_weight: float = 0.3, pool: str = "linear"):
         if not 0.0 <= draft_weight <= 1.0:
             raise ValueError(f"method.draft_weight must be in [0, 1], got {draft_weight}")
         if pool not in self.POOLS:
@@ -164,7 +164,7 @@ class CascadeRule(VerificationRule):
     DEFERRALS = ("chow", "diff", "opt", "token")
     accepts_deterministic = False
 
-    def __init__(self, deferral: str, alpha: float):
+    def __init__(self, deferral: str = "chow", alpha: float = 0.1):
         if deferral not in self.DEFERRALS:
             raise ValueError(f"method.deferral must be one of {list(self.DEFERRALS)}, got {deferral!r}")
         if alpha < 0:

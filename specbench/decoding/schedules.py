@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-SCHEDULES = ("constant", "heuristic", "dynamic")
+from specbench.values import SCHEDULE_DEFAULTS, check_schedule
 
 
 @dataclass(frozen=True)
@@ -15,23 +15,16 @@ class DraftSchedule:
     ``dynamic``: up to ``max_gamma`` drafts, stop after a draft whose drafter probability is below
     ``confidence_threshold``."""
 
-    name: str = "constant"
-    gamma: int = 5
-    max_gamma: int = 32
-    confidence_threshold: float = 0.4
+    name: str = SCHEDULE_DEFAULTS["name"]
+    gamma: int = SCHEDULE_DEFAULTS["gamma"]
+    max_gamma: int = SCHEDULE_DEFAULTS["max_gamma"]
+    confidence_threshold: float = SCHEDULE_DEFAULTS["confidence_threshold"]
 
     def __post_init__(self):
-        if self.name not in SCHEDULES:
-            raise ValueError(f"schedule.name must be one of {list(SCHEDULES)}, got {self.name!r}")
-        if self.gamma < 1:
-            raise ValueError(f"schedule.gamma must be >= 1, got {self.gamma}")
-        if self.max_gamma < self.gamma:
-            raise ValueError(f"schedule.max_gamma ({self.max_gamma}) must be >= schedule.gamma ({self.gamma})")
-        if not 0.0 <= self.confidence_threshold <= 1.0:
-            raise ValueError(f"schedule.confidence_threshold must be in [0, 1], got {self.confidence_threshold}")
+        check_schedule(self.name, self.gamma, self.max_gamma, self.confidence_threshold)
 
     def initial_gamma(self) -> int:
-        return self.max_gamma if self.name == "dynamic" else self.gamma
+        return self.max_gamma if self.name in ("dynamic", "cost_aware") else self.gamma
 
     def next_gamma(self, current: int, drafted: int, accepted: int) -> int:
         """Draft budget of the next round for one sequence."""

@@ -17,9 +17,9 @@ import torch
 from transformers import PreTrainedModel
 
 from specbench.drafters.steering import SteeredDrafter, SteeringSpec
+from specbench.models.checkpoints import read_checkpoint
 from specbench.models.loading import LoadedModel
 from specbench.models.pair import CheckpointMismatchError, metadata_differences, tokenizer_hash
-from specbench.training.trainer import read_checkpoint
 
 FINETUNE_MODES = ("full", "none", "lora")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -1,36 +1,48 @@
-"""Model loading, tiny test models, the embedded SmolLM2 model, early-exit drafters and pair checks."""
+"""Model loading, tiny test models, the embedded SmolLM2 model, early-exit drafters and pair checks.
 
-from specbench.models.devices import Timer, resolve_device, resolve_dtype, synchronize, timed
-from specbench.models.early_exit import early_exit_drafter
-from specbench.models.embedded import (
-    EMBEDDED_NAME,
-    cache_root,
-    embedded_gguf_path,
-    embedded_model_dir,
-)
-from specbench.models.loading import KINDS, LoadedModel, ModelSpec, load_drafter, load_verifier
-from specbench.models.pair import PairMismatchError, shared_vocab_size, tokenizer_hash
-from specbench.models.tiny import byte_tokenizer, tiny_random_model
+The names below are imported on first use (PEP 562), so importing a torch-free submodule such as
+``specbench.models.spec`` or ``specbench.models.embedded`` does not import torch (config validation
+runs before torch loads).
+"""
 
-__all__ = [
-    "EMBEDDED_NAME",
-    "KINDS",
-    "LoadedModel",
-    "ModelSpec",
-    "PairMismatchError",
-    "Timer",
-    "byte_tokenizer",
-    "cache_root",
-    "early_exit_drafter",
-    "embedded_gguf_path",
-    "embedded_model_dir",
-    "load_drafter",
-    "load_verifier",
-    "resolve_device",
-    "resolve_dtype",
-    "shared_vocab_size",
-    "synchronize",
-    "timed",
-    "tiny_random_model",
-    "tokenizer_hash",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Timer": "devices",
+    "resolve_device": "devices",
+    "resolve_dtype": "devices",
+    "synchronize": "devices",
+    "timed": "devices",
+    "early_exit_drafter": "early_exit",
+    "EMBEDDED_NAME": "embedded",
+    "cache_root": "embedded",
+    "embedded_gguf_path": "embedded",
+    "embedded_model_dir": "embedded",
+    "KINDS": "spec",
+    "ModelSpec": "spec",
+    "LoadedModel": "loading",
+    "load_drafter": "loading",
+    "load_verifier": "loading",
+    "PairMismatchError": "pair",
+    "shared_vocab_size": "pair",
+    "tokenizer_hash": "pair",
+    "byte_tokenizer": "tiny",
+    "tiny_random_model": "tiny",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -11,29 +12,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.early_exit import early_exit_drafter
 from specbench.models.embedded import EMBEDDED_NAME, embedded_model_dir
+from specbench.models.sharding import (
+    Placement,
+    check_same_input_device,
+    execution_device,
+    input_device,
+    is_tensor_parallel,
+    ready,
+)
+from specbench.models.spec import KINDS, ModelSpec  # noqa: F401  (re-exported: the torch-free home)
 from specbench.models.tiny import byte_tokenizer, tiny_random_model
 
-KINDS = ("hub", "local", "embedded", "tiny_random", "early_exit", "none")
-
-
-@dataclass
-class ModelSpec:
-    """What model to load; mirrors the ``model/verifier`` and ``model/drafter`` config groups."""
-
-    kind: str
-    name: str = ""
-    path: str | None = None
-    revision: str | None = None
-    arch: str = "llama"
-    num_layers: int | None = None
-    hidden_size: int = 64
-    vocab_size: int = 320
-    seed: int = 0
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"Unknown model kind {self.kind!r}: expected one of {KINDS}.")
+if TYPE_CHECKING:  # pragma: no cover
+    from specbench.drafters.base import Drafter
 
 
 @dataclass
@@ -47,10 +38,11 @@ class LoadedModel:
 
 
 def _from_pretrained(
-    spec: ModelSpec, path: str | Path, dtype: torch.dtype, revision: str | None
+    spec: ModelSpec, path: str | Path, dtype: torch.dtype, revision: str | None, placement: Placement
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, revision=revision, trust_remote_code=spec.trust_remote_code
+        path, dtype=dtype, revision=revision, trust_remote_code=spec.trust_remote_code,
+        **placement.from_pretrained_kwargs(),
     )
     tokenizer = AutoTokenizer.from_pretrained(
         path, revision=revision, trust_remote_code=spec.trust_remote_code
@@ -58,7 +50,9 @@ def _from_pretrained(
     return model, tokenizer
 
 
-def _build(spec: ModelSpec, role: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _build(
+    spec: ModelSpec, role: str, dtype: torch.dtype, placement: Placement
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Build the model and tokenizer of a hub / local / embedded / tiny_random spec."""
     if spec.kind in ("hub", "local"):
         if not spec.path:
@@ -68,11 +62,16 @@ def _build(spec: ModelSpec, role: str, dtype: torch.dtype) -> tuple[PreTrainedMo
         if spec.kind == "local":
             if not Path(spec.path).expanduser().exists():
                 raise FileNotFoundError(f"model/{role}: local model path {spec.path!r} does not exist.")
-            return _from_pretrained(spec, Path(spec.path).expanduser(), dtype, None)
-        return _from_pretrained(spec, spec.path, dtype, spec.revision)
+            return _from_pretrained(spec, Path(spec.path).expanduser(), dtype, None, placement)
+        return _from_pretrained(spec, spec.path, dtype, spec.revision, placement)
     if spec.kind == "embedded":
-        return _from_pretrained(spec, embedded_model_dir(), dtype, None)
+        return _from_pretrained(spec, embedded_model_dir(), dtype, None, placement)
     if spec.kind == "tiny_random":
+        if placement.sharded:
+            raise ValueError(
+                f"model/{role}: device_map / tp_plan load a checkpoint; kind='tiny_random' has none (save it with "
+                "save_pretrained and use kind=local)"
+            )
         model = tiny_random_model(
             spec.arch,
             seed=spec.seed,
@@ -104,15 +103,23 @@ def _finish(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) ->
 
 
 def load_verifier(
-    spec: ModelSpec, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto"
+    spec: ModelSpec,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    placement: Placement | None = None,
 ) -> LoadedModel:
-    """Load the verifier described by ``spec`` onto ``device`` in ``dtype`` (eval mode, no grads)."""
+    """Load the verifier described by ``spec`` onto ``device`` in ``dtype`` (eval mode, no grads).
+
+    ``placement``: a device_map / tensor-parallel placement (:mod:`specbench.models.sharding`); default: what
+    ``spec`` asks for, i.e. one device."""
     if spec.kind in ("early_exit", "none"):
         raise ValueError(f"model/verifier: kind={spec.kind!r} is only valid for a drafter.")
-    device = resolve_device(device)
+    placement = placement or Placement.of(spec)
+    device = execution_device(device, placement)
     dtype = resolve_dtype(dtype, device)
-    model, tokenizer = _build(spec, "verifier", dtype)
-    return LoadedModel(_finish(model, device, dtype), tokenizer, spec, _default_name(spec))
+    model, tokenizer = _build(spec, "verifier", dtype, placement)
+    model = ready(model, "verifier") if placement.sharded else _finish(model, device, dtype)
+    return LoadedModel(model, tokenizer, spec, _default_name(spec))
 
 
 def load_drafter(
@@ -120,15 +127,27 @@ def load_drafter(
     verifier: LoadedModel,
     device: str | torch.device = "auto",
     dtype: str | torch.dtype = "auto",
-) -> LoadedModel | None:
-    """Load the drafter described by ``spec``; None for kind "none".
+    placement: Placement | None = None,
+) -> LoadedModel | Drafter | None:
+    """Load the drafter described by ``spec``; None for kind "none"; for kind "drafter" the
+    :class:`~specbench.drafters.base.Drafter` its ``target`` builds (:mod:`specbench.drafters.build`).
 
     An early-exit drafter shares the verifier's weights, so it lives on the verifier's device and dtype
-    (a different explicit request is an error) and uses the verifier's tokenizer.
+    (a different explicit request is an error) and uses the verifier's tokenizer. ``placement``: the
+    drafter's own device_map (default: what ``spec`` asks for); a drafter next to a sharded verifier takes
+    its inputs on the verifier's first device.
     """
     if spec.kind == "none":
         return None
+    if spec.kind == "drafter":
+        from specbench.drafters.build import build_drafter
+
+        vocab = min(len(verifier.tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+        return build_drafter(spec.target, dict(spec.params or {}), verifier, vocab, spec.name or None)
+    placement = placement or Placement.of(spec, key="model.drafter")
     device = resolve_device(device)
+    if _is_placed(verifier.model):  # the engine runs where the verifier takes its inputs
+        device = input_device(verifier.model)
     dtype = resolve_dtype(dtype, device)
     if spec.kind == "early_exit":
         if spec.num_layers is None:
@@ -142,5 +161,15 @@ def load_drafter(
         model = early_exit_drafter(verifier.model, spec.num_layers)
         name = spec.name or f"{verifier.name}[:{spec.num_layers}] (early exit)"
         return LoadedModel(model.eval(), verifier.tokenizer, spec, name)
-    model, tokenizer = _build(spec, "drafter", dtype)
-    return LoadedModel(_finish(model, device, dtype), tokenizer, spec, _default_name(spec))
+    model, tokenizer = _build(spec, "drafter", dtype, placement)
+    if placement.sharded:
+        model = ready(model, "drafter")
+        check_same_input_device(verifier.model, model)
+    else:
+        model = _finish(model, device, dtype)
+    return LoadedModel(model, tokenizer, spec, _default_name(spec))
+
+
+def _is_placed(model: PreTrainedModel) -> bool:
+    """Whether accelerate or tensor parallel placed ``model`` (its first device is then the engine's)."""
+    return bool(getattr(model, "hf_device_map", None)) or is_tensor_parallel(model)

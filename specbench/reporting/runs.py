@@ -183,15 +183,15 @@ def search_mlflow_runs(
     (:func:`specbench.tracking.resolve_tracking_uri`). Runs without metrics (e.g. the parent run of a
     sweep) and failed runs are left out with a note. Uses its own client: no global MLflow state changes.
     """
-    from mlflow.tracking import MlflowClient
-
-    from specbench.tracking import resolve_tracking_uri
+    from specbench.tracking import resolve_tracking_uri, store
 
     tag_map = parse_tags(tags)
     description = describe_selector(experiment, parent_run_id, tag_map, filter_string)
     uri = resolve_tracking_uri(tracking_uri)
     query = mlflow_filter(parent_run_id, tag_map, filter_string)
-    client = MlflowClient(tracking_uri=uri)
+    key = store.uri_source(tracking_uri)
+    store.check_uri(uri, key)
+    client = store.client(uri, key)
     found_experiment = client.get_experiment_by_name(experiment)
     if found_experiment is None:
         raise NoRunsError(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from specbench.decoding.methods import METHOD_ALIASES
+from specbench.method_names import METHOD_ALIASES
 from specbench.reporting.runs import RunRecord
 
 QUALITY_PREFIX = "quality"
@@ -28,10 +28,14 @@ MAIN_COLUMNS = {
     "speedup": "speedup",
 }
 MARKDOWN_EXTRAS = {"baseline_match_rate": "match greedy", "samples": "samples", "shards": "shards"}
+# Markdown columns after the numbers: what else sets a row apart, and the group it belongs to.
+MARKDOWN_LABELS = {"params": "method params", "pair": "verifier + drafter", "dataset": "dataset"}
 EXTRA_COLUMNS = [
     "baseline_match_rate",
     "samples",
     "shards",
+    "params",
+    "pair",
     "verifier",
     "drafter",
     "dataset",
@@ -39,6 +43,23 @@ EXTRA_COLUMNS = [
     "overrides",
     "source",
 ]
+# method.* params shown in the params column (the draft weight has its own column), with short names.
+PARAM_LABELS = (
+    ("lenience", "lenience"),
+    ("pool", "pool"),
+    ("deferral", "deferral"),
+    ("alpha", "alpha"),
+    ("epsilon", "epsilon"),
+    ("delta", "delta"),
+    ("head_checkpoint", "head"),
+    ("drafter_checkpoint", "drafter ckpt"),
+)
+GROUP_COLUMNS = ["pair", "dataset"]
+TRAINED_CHECKPOINTS = {
+    "sd2": "steering.checkpoint",
+    "distill": "method.drafter_checkpoint",
+    "diversed": "method.head_checkpoint",
+}
 # Params that differ between the shards of one configuration (and say nothing about it).
 SHARD_KEYS = ("eval.shard_id", "eval.output_dir")
 SUMMED = (
@@ -100,6 +121,36 @@ def weight_of(run: RunRecord) -> float | None:
     if method_of(run) == "static_ensemble":
         return number(run.params.get("method.draft_weight"))
     return None
+
+
+def format_weight(value: Any) -> str:
+    """A draft weight as people write it: 0.3 (not 0.30000000000000004), 0.487 for a learned mean."""
+    number_ = number(value)
+    return "-" if number_ is None else f"{number_:.3g}"
+
+
+def params_of(run: RunRecord) -> str | None:
+    """The method's other parameters (``lenience=0.5``, ``deferral=chow alpha=0.1``, ...), None if none.
+
+    A trained method (sd2, distill, diversed) shows its checkpoint's file name, or ``untrained``.
+    """
+    parts = []
+    for key, label in PARAM_LABELS:
+        value = _text(run.params.get(f"method.{key}"))
+        if value is None or (key == "pool" and value == "linear"):
+            continue
+        shown = value.rsplit("/", 1)[-1] if key.endswith("checkpoint") else value
+        parts.append(f"{label}={f'{number(value):.4g}' if number(value) is not None else shown}")
+    checkpoint_key = TRAINED_CHECKPOINTS.get(method_of(run) or "")
+    if checkpoint_key == "steering.checkpoint" and _text(run.params.get(checkpoint_key)):
+        parts.append(f"steering={_text(run.params[checkpoint_key]).rsplit('/', 1)[-1]}")
+    elif checkpoint_key and not _text(run.params.get(checkpoint_key)) and run.params:
+        parts.append("untrained")
+    return " ".join(parts) or None
+
+
+def pair_of(verifier: str | None, drafter: str | None) -> str:
+    return f"{verifier or '?'} + {drafter or 'none'}"
 
 
 def quality_metrics(runs: list[RunRecord]) -> list[str]:
@@ -231,8 +282,11 @@ def comparison_table(runs: list[RunRecord]) -> pd.DataFrame:
                 "baseline_match_rate": number(run.metrics.get("baseline_match_rate")),
                 "samples": number(run.metrics.get("num_samples")),
                 "shards": run.info.get("shards"),
-                "verifier": _text(run.info.get("verifier")) or _text(run.params.get("model.verifier.name")),
+                "verifier": _text(run.info.get("verifier"))
+                or _text(run.info.get("specbench.verifier"))  # MLflow runs: the loaded model's name
+                or _text(run.params.get("model.verifier.name")),
                 "drafter": _text(run.info.get("drafter"))
+                or _text(run.info.get("specbench.drafter"))
                 or _text(run.params.get("model.drafter.name"))
                 or _text(run.params.get("model.drafter.kind")),
                 "dataset": _text(run.info.get("dataset")) or _text(run.params.get("dataset.name")),
@@ -243,17 +297,22 @@ def comparison_table(runs: list[RunRecord]) -> pd.DataFrame:
         )
         if method_of(run) == "auto":
             row["acceptance"] = None  # nothing is drafted
+        row["params"] = params_of(run)
+        row["pair"] = pair_of(row["verifier"], None if method_of(run) == "auto" else row["drafter"])
         rows.append(row)
     columns = [*MAIN_COLUMNS, *quality, *EXTRA_COLUMNS]
     table = pd.DataFrame(rows, columns=columns)
+    table["dataset"] = table["dataset"].fillna("?")
     return table.sort_values(
-        ["method", "gamma", "weight", "run"], na_position="first", kind="stable"
+        [*GROUP_COLUMNS, "method", "gamma", "weight", "run"], na_position="first", kind="stable"
     ).reset_index(drop=True)
 
 
 def _cell(value: Any, column: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    if column == "weight":
+        return format_weight(value)
     if column == "gamma" or column == "samples":
         return f"{value:g}"
     if column == "speedup":
@@ -266,11 +325,13 @@ def _cell(value: Any, column: str) -> str:
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    """The comparison columns as a GitHub markdown table (``-`` for a missing value)."""
+    """The comparison columns as a GitHub markdown table (``-`` for a missing value), then the method's
+    other parameters (when any run has some) and the model pair and dataset each row belongs to."""
     quality = [c for c in table.columns if c.startswith(QUALITY_PREFIX)]
     columns = [c for c in [*MAIN_COLUMNS, *quality] if c in table.columns]
-    columns += [c for c in ("baseline_match_rate", "samples", "shards") if table[c].notna().any()]
-    headers = [{**MAIN_COLUMNS, **MARKDOWN_EXTRAS}.get(c, c) for c in columns]
+    columns += [c for c in ("baseline_match_rate", "samples", "shards", "params") if table[c].notna().any()]
+    columns += GROUP_COLUMNS
+    headers = [{**MAIN_COLUMNS, **MARKDOWN_EXTRAS, **MARKDOWN_LABELS}.get(c, c) for c in columns]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     for _, row in table.iterrows():
         lines.append("| " + " | ".join(_cell(row[c], c) for c in columns) + " |")

@@ -1,4 +1,8 @@
-"""``task=eval``: decode a prompt set with one method and measure it against autoregressive decoding."""
+"""``task=eval``: decode a prompt set with one method and measure it against autoregressive decoding.
+
+Importing this module imports neither torch nor transformers: ``check()`` validates the config and the
+prompt file first, and ``run()`` imports the decoding library.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +10,47 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import torch
 from omegaconf import OmegaConf
 
 from specbench.config.validate import ConfigError, RunPlan, validate
-from specbench.data.datasets import (
-    dataset_settings,
-    encode_sample,
-)
+from specbench.data.datasets import dataset_settings
 from specbench.data.prompts import Prompt
-from specbench.decoding.engine import SampleResult
-from specbench.evaluation import build_engines, compare, saved_timing, shard_indices, summarize_samples
-from specbench.models.loading import LoadedModel, load_drafter, load_verifier
-from specbench.models.pair import PairMismatchError
-from specbench.scoring import ScoringOptions, score_run
-from specbench.tasks.base import Task, load_task_prompts, output_dir
-from specbench.tasks.method_parts import load_method_parts
+from specbench.tasks.base import (
+    Task,
+    check_writable,
+    configured_dir,
+    load_task_prompts,
+    output_dir,
+    verifier_placement,
+)
+from specbench.tasks.results import format_table
 from specbench.tracking.run import flatten, may_change_on_rerun
+
+if TYPE_CHECKING:
+    from specbench.decoding.engine import SampleResult
+    from specbench.models.loading import LoadedModel
+
+# Library functions the task calls, imported on first use (PEP 562) so importing this module stays cheap;
+# they are still module attributes (tests wrap ``compare`` to count what is decoded).
+_LIBRARY = {"build_engines": "specbench.evaluation", "compare": "specbench.evaluation"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LIBRARY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LIBRARY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def _library(name: str) -> Any:
+    """``name`` from :data:`_LIBRARY` as this module sees it (a test may have replaced it)."""
+    return globals()[name] if name in globals() else __getattr__(name)
+
 
 METRICS_FILE = "metrics.json"
 SAMPLES_FILE = "samples.jsonl"
@@ -55,6 +81,8 @@ class SampleWriter:
     def __call__(
         self, indices: list[int], results: list[SampleResult], baseline: list[SampleResult] | None
     ) -> None:
+        from specbench.evaluation import saved_timing
+
         for position, (index, result) in enumerate(zip(indices, results)):
             prompt = self.prompts[index]
             row = {
@@ -84,31 +112,71 @@ class SampleWriter:
         self.handle.flush()
 
 
+# Entries of metrics.json that describe the config rather than measure the run: MLflow params, not metrics.
+DESCRIBED = (
+    "gamma", "max_gamma", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "batch_size",
+    "num_threads", "num_shards", "shard_id",
+)  # fmt: skip
+UNTRAINED = {
+    "diversed": (
+        "method.head_checkpoint", "the DIVERSED weight head is untrained (draft weight w = 0.5 everywhere)"
+    ),
+    "sd2": ("steering.checkpoint", "the SD² steering is untrained (W_s = 0: the pretrained drafter)"),
+}
+
+
 class EvalTask(Task):
-    """validate → prompts (this shard) → resume → models → pair check → encode → run (+ baseline)
-    → table, metrics.json, samples.jsonl (and the MLflow run's tags, metrics, artifacts)."""
+    """check: validate → prompts → output dir → shard → resume; run: models → pair check → encode → decode
+    (+ baseline) → table, metrics.json, samples.jsonl (and the MLflow run's tags, metrics, artifacts)."""
 
     plan: RunPlan | None = None
+    config_groups = (
+        "task", "model", "method", "steering", "schedule", "dataset", "scoring", "gen", "eval", "runtime",
+        "tracking",
+    )  # fmt: skip
 
     def check(self) -> None:
-        self.plan = validate(self.cfg)
+        """Everything that needs no model, before an MLflow run opens: a bad value, a prompt file that
+        cannot be read, an output dir that cannot be written or holds another config's samples."""
+        cfg = self.cfg
+        self.plan = validate(cfg)
+        self.prompts = load_task_prompts(cfg.dataset)
+        self.out = configured_dir(cfg.eval.output_dir)
+        check_writable(self.out, "eval.output_dir")
+        self.plan.resolve()  # imports torch: a device that is not there
+        from specbench.evaluation import shard_indices
+
+        self.selected = shard_indices(len(self.prompts), cfg.eval.num_shards, cfg.eval.shard_id)
+        if not self.selected:
+            raise ConfigError(
+                f"eval.shard_id={cfg.eval.shard_id} of eval.num_shards={cfg.eval.num_shards} selects no "
+                f"prompt: the dataset has {len(self.prompts)}"
+            )
+        self.done = self._resume(self.out, self.prompts, self.selected) if self.out else []
 
     def run_dir(self) -> Path | None:
         configured = self.cfg.eval.output_dir
         return Path(configured).expanduser() if configured else super().run_dir()
 
+    def run_name(self) -> str | None:
+        return None  # the method
+
+    def tracked_metrics(self, result: dict) -> dict:
+        return {k: v for k, v in result.items() if k not in DESCRIBED and not k.startswith("method_")}
+
     def run(self) -> dict:
-        cfg = self.cfg
-        plan = self.plan or validate(cfg)  # run_task validated already; direct calls validate here
-        prompts = load_task_prompts(self.cfg.dataset)
-        selected = shard_indices(len(prompts), cfg.eval.num_shards, cfg.eval.shard_id)
-        if not selected:
-            raise ConfigError(
-                f"eval.shard_id={cfg.eval.shard_id} of eval.num_shards={cfg.eval.num_shards} selects no "
-                f"prompt: the dataset has {len(prompts)}"
-            )
+        if self.plan is None:  # called directly (not through run_task)
+            self.check()
+        import torch
+
+        from specbench.data.datasets import encode_sample
+        from specbench.evaluation import summarize_samples
+        from specbench.models.pair import PairMismatchError
+        from specbench.tasks.method_parts import load_method_parts
+
+        cfg, plan, prompts, selected = self.cfg, self.plan, self.prompts, self.selected
         out = output_dir(cfg.eval.output_dir, "eval.output_dir")
-        done = self._resume(out, prompts, selected)
+        done = self.done if out == self.out else self._resume(out, prompts, selected)
         key = sample_key_function(prompts)
         finished = {key(row) for row in done}
         todo = [i for i in selected if key({"id": prompts[i].id, "index": i}) not in finished]
@@ -122,22 +190,26 @@ class EvalTask(Task):
         verifier, drafter = self._load_models(plan)
         try:
             parts = load_method_parts(plan, verifier, drafter)
-            engine, baseline = build_engines(
+            engine, baseline = _library("build_engines")(
                 verifier, parts.drafter, parts.rule, plan.schedule, plan.settings, baseline=cfg.eval.baseline,
-                steering=parts.steering,
+                steering=parts.steering, profile=_cost_profile(cfg.schedule),
             )
         except PairMismatchError as err:
             raise ConfigError(f"model.drafter does not fit model.verifier: {err}") from err
         drafter = parts.drafter
         load_s = time.perf_counter() - started
-        self.tracker.set_tags(
-            {
-                "specbench.method": plan.method,
-                "specbench.verifier": verifier.name,
-                "specbench.drafter": drafter.name if drafter else "none",
-                "specbench.shard": f"{cfg.eval.shard_id}/{cfg.eval.num_shards}",
-            }
-        )
+        tags = {
+            "specbench.method": plan.method,
+            "specbench.verifier": verifier.name,
+            "specbench.drafter": drafter.name if drafter else "none",
+            "specbench.shard": f"{cfg.eval.shard_id}/{cfg.eval.num_shards}",
+            "specbench.device": str(plan.device),
+            "specbench.num_threads": str(torch.get_num_threads()),
+        }
+        untrained = self._untrained(plan)
+        if untrained:
+            tags["specbench.untrained"] = untrained
+        self.tracker.set_tags(tags)
         prompt_format = cfg.dataset.prompt_format
         encoded = {i: encode_sample(verifier.tokenizer, prompts[i], prompt_format) for i in selected}
         formats = sorted({fmt for _, fmt in encoded.values()})
@@ -146,7 +218,7 @@ class EvalTask(Task):
         if todo:
             with open(out / SAMPLES_FILE, "a" if done else "w", encoding="utf-8") as handle:
                 writer = SampleWriter(handle, [prompts[i] for i in todo], verifier.tokenizer, todo)
-                compare(
+                _library("compare")(
                     engine,
                     [encoded[i][0] for i in todo],
                     baseline,
@@ -155,16 +227,31 @@ class EvalTask(Task):
                     on_batch=writer,
                 )
                 writer_rows = writer.rows
+        cache_file = getattr(engine.drafter, "cache_file", None)
+        if cache_file:  # a suffix drafter's global tree, for the next run
+            print(f"saved the drafter's cache: {engine.drafter.save_cache()}")
         rows = done + writer_rows
-        summary = summarize_samples(rows, greedy=engine.warping.greedy, autoregressive=drafter is None)
+        summary = summarize_samples(rows, greedy=engine.warping.greedy, autoregressive=drafter is None,
+                                    profile=getattr(engine.schedule, "profile", None))  # fmt: skip
         quality = self._score(out, prompts, formats)
         metrics = {**summary, **quality, **self._describe(plan, verifier, drafter, formats, load_s)}
         metrics.update(num_shards=cfg.eval.num_shards, shard_id=cfg.eval.shard_id, resumed_samples=len(done))
+        if untrained:
+            metrics["untrained"] = untrained
         (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
         self._track(out, metrics)
         print(format_table(metrics))
         print(f"outputs: {out}")
         return metrics
+
+    @staticmethod
+    def _untrained(plan: RunPlan) -> str | None:
+        """What runs untrained (a trained method without its checkpoint), as one line; None: nothing."""
+        unsteered = plan.method == "sd2" and plan.steering is None
+        if plan.method not in UNTRAINED or plan.checkpoint or unsteered:
+            return None
+        key, what = UNTRAINED[plan.method]
+        return f"{key} is null, so {what}"
 
     def _resume(self, out: Path, prompts: list[Prompt], selected: list[int]) -> list[dict]:
         """Complete samples an earlier run of this config left in ``out`` (none unless ``eval.resume``)."""
@@ -185,6 +272,8 @@ class EvalTask(Task):
                     "eval.resume=false to start over or choose another eval.output_dir"
                 )
             seen.add(row_key)
+        from specbench.evaluation import summarize_samples
+
         try:
             if rows:
                 summarize_samples(rows, greedy=True)
@@ -208,6 +297,8 @@ class EvalTask(Task):
 
     def _score(self, out: Path, prompts: list[Prompt], formats: list[str]) -> dict:
         """Task quality (``quality_*``) of the samples in ``out``; samples.jsonl gains reference and score."""
+        from specbench.scoring import ScoringOptions, score_run
+
         data = dataset_settings(self.cfg.dataset)
         if not self.cfg.scoring.enabled:
             return data.describe()
@@ -216,7 +307,9 @@ class EvalTask(Task):
         return {**data.describe(), **score_run(out / SAMPLES_FILE, prompts, metric, stops, options)}
 
     def _load_models(self, plan: RunPlan) -> tuple[LoadedModel, LoadedModel | None]:
-        verifier = load_verifier(plan.verifier, plan.device, plan.dtype)
+        from specbench.models.loading import load_drafter, load_verifier
+
+        verifier = load_verifier(plan.verifier, plan.device, plan.dtype, placement=verifier_placement(self.cfg, plan))
         drafter = load_drafter(plan.drafter, verifier, plan.device, plan.dtype) if plan.drafter else None
         return verifier, drafter
 
@@ -229,6 +322,8 @@ class EvalTask(Task):
         load_s: float,
     ) -> dict:
         """Flat run description stored next to the numbers in metrics.json."""
+        import torch
+
         cfg = self.cfg
         described = {
             "method": plan.method,
@@ -256,46 +351,6 @@ class EvalTask(Task):
         if plan.method in ("sd2", "distill", "diversed"):
             described["method_checkpoint"] = plan.checkpoint or "none (untrained)"
         return described
-
-
-def format_table(metrics: dict) -> str:
-    """The method row and, when the baseline ran, the autoregressive row."""
-    header = f"{'method':<28} {'tau':>6} {'acceptance':>11} {'tokens/s':>10} {'speedup':>8}"
-    label = (
-        metrics["method"]
-        if metrics["method"] == "auto"
-        else f"{metrics['method']} ({metrics['schedule']}, gamma={metrics['gamma']})"
-    )
-    speedup = f"{metrics['speedup']:.2f}x" if "speedup" in metrics else "-"
-    acceptance = f"{metrics['acceptance_rate']:.3f}" if metrics["method"] != "auto" else "-"
-    rows = [header, "-" * len(header)]
-    rows.append(
-        f"{label:<28} {metrics['tau']:>6.2f} {acceptance:>11} {metrics['tokens_per_s']:>10.1f} {speedup:>8}"
-    )
-    if "baseline_new_tokens" in metrics:
-        rows.append(
-            f"{'autoregressive':<28} {1.0:>6.2f} {'-':>11} {metrics['baseline_tokens_per_s']:>10.1f} {'1.00x':>8}"
-        )
-    rows.append("-" * len(header))
-    quality = [f"{k.removeprefix('quality_')} {v:.3g}" for k, v in metrics.items() if _is_quality_number(k, v)]
-    if quality:
-        rows.append("quality: " + ", ".join(quality))
-    rows.append(
-        f"verifier {metrics['verifier']} | drafter {metrics['drafter']} | {metrics['num_samples']} prompts "
-        f"({metrics['prompt_format']}), {metrics['new_tokens']} new tokens in {metrics['wall_time_s']:.2f} s"
-        + (
-            f" (+ baseline {metrics['baseline_wall_time_s']:.2f} s)"
-            if "baseline_wall_time_s" in metrics
-            else ""
-        )
-    )
-    return "\n".join(rows)
-
-
-def _is_quality_number(key: str, value: Any) -> bool:
-    return key.startswith("quality_") and key != "quality_num_scored" and isinstance(value, (int, float))
-
-
 
 
 def check_same_config(saved: Path, cfg: Any) -> None:
@@ -353,3 +408,15 @@ def sample_key_function(prompts: list[Prompt]) -> Any:
     if len(set(ids)) == len(ids):
         return lambda row: json.dumps(row["id"])
     return lambda row: row["index"]
+
+
+def _cost_profile(schedule):
+    """The measured cost profile ``schedule=cost_aware`` reads (None: measured when the run starts)."""
+    if schedule.name != "cost_aware" or not schedule.get("profile"):
+        return None
+    from specbench.decoding.cost import CostProfile
+
+    try:
+        return CostProfile.load(schedule.profile)
+    except (FileNotFoundError, ValueError) as err:
+        raise ConfigError(f"schedule.profile: {err}") from err

@@ -1,35 +1,35 @@
-"""``task=report``: compare runs (a sweep dir, or MLflow runs by parent, experiment, tags) in a table and plots."""
+"""``task=report``: compare runs (from a sweep dir, or MLflow by parent, experiment, tags): a table, plots."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.config.validate import ConfigError
-from specbench.reporting import (
-    NoRunsError,
-    Selection,
-    load_sweep_dir,
-    parse_tags,
-    search_mlflow_runs,
-    write_report,
-)
-from specbench.reporting.table import to_markdown
-from specbench.tasks.base import Task, output_dir
+from specbench.tasks.base import Task, check_writable, configured_dir, output_dir
+
+if TYPE_CHECKING:
+    from specbench.reporting import Selection
 
 ARTIFACT_DIR = "report"
 
 
 class ReportTask(Task):
-    """select runs → merge shards → report.md, report.csv, plots (→ artifacts of the task's MLflow run)."""
+    """check: selectors → the runs they select → output dir; run: merge shards → report.md, report.csv,
+    plots (→ artifacts of the task's MLflow run). A selector that matches nothing opens no MLflow run."""
+
+    config_groups = ("task", "tracking")
+    selection: Selection | None = None
 
     def __init__(self, cfg: DictConfig, **_task_fields: Any) -> None:
         # Hydra's instantiate also passes the fields of ``cfg.task``; they are read from ``cfg.task``.
         super().__init__(cfg)
 
     def check(self) -> None:
-        """Selector checks that need no store: exclusive sources, tag format, max_runs."""
+        """Selector values, then the selection itself (files or MLflow), then the output dir."""
+        from specbench.reporting import parse_tags
+
         opts = self.cfg.task
         if opts.max_runs < 1:
             raise ConfigError(f"task.max_runs must be >= 1, got {opts.max_runs}")
@@ -42,11 +42,25 @@ class ReportTask(Task):
             parse_tags(self._tags())
         except (ValueError, TypeError) as err:
             raise ConfigError(" ".join(str(err).split())) from err
+        self.selection = self.select()
+        check_writable(configured_dir(opts.output_dir), "task.output_dir")
+
+    def run_name(self) -> str:
+        opts = self.cfg.task
+        if opts.sweep_dir:
+            return f"report {opts.sweep_dir}"
+        if opts.parent_run_id:
+            return f"report parent {opts.parent_run_id[:8]}"
+        return f"report {opts.experiment}"
 
     def run(self) -> dict:
-        self.check()
+        from specbench.reporting import write_report
+        from specbench.reporting.table import to_markdown
+
+        if self.selection is None:  # called directly (not through run_task)
+            self.check()
         opts = self.cfg.task
-        selection = self.select()
+        selection = self.selection
         out = output_dir(opts.output_dir, "task.output_dir")
         report = write_report(selection, out, title=f"specbench report: {selection.description}")
         print(to_markdown(report.table))
@@ -59,7 +73,9 @@ class ReportTask(Task):
         return {"report_runs": len(report.table), "report_plots": len(report.plots)}
 
     def select(self) -> Selection:
-        """Runs from ``task.sweep_dir`` (files) if set, else from MLflow; a ConfigError names an empty selector."""
+        """Runs from ``task.sweep_dir`` (files) if set, else from MLflow; a ConfigError names an empty one."""
+        from specbench.reporting import NoRunsError, load_sweep_dir, search_mlflow_runs
+
         opts = self.cfg.task
         try:
             if opts.sweep_dir:
@@ -74,6 +90,8 @@ class ReportTask(Task):
             )
         except NoRunsError as err:
             raise ConfigError(f"task=report: {err}") from err
+        except ConfigError:
+            raise
         except Exception as err:
             if type(err).__name__ == "MlflowException" and "filter" in str(err).lower():
                 message = " ".join(str(err).split())

@@ -4,35 +4,46 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from specbench.config.validate import ConfigError, RunPlan, validate_synth
 from specbench.data.datasets import dataset_settings
-from specbench.data.synthetic import (
-    METADATA_FILE,
-    SynthDataError,
-    SynthResult,
-    SynthSettings,
-    check_resumable,
-    run_identity,
-    synthesize,
-)
-from specbench.evaluation import shard_indices
-from specbench.models.loading import load_verifier
-from specbench.tasks.base import Task, load_task_prompts, output_dir
+from specbench.tasks.base import Task, check_writable, load_task_prompts, output_dir, verifier_placement
+
+if TYPE_CHECKING:
+    from specbench.data.synthetic import SynthResult
 
 
 class SynthTask(Task):
-    """validate → prompts → (resume check) → verifier → sample this shard in batches → DatasetDict
-    (+ the MLflow run's tags, metrics and the metadata file as an artifact)."""
+    """check: validate → prompts → shard → output dir (resume check); run: verifier → sample this shard
+    in batches → DatasetDict (+ the MLflow run's tags, metrics and the metadata file as an artifact)."""
 
     plan: RunPlan | None = None
+    server = None  # ServerSettings, set by check()
+    config_groups = ("task", "model", "dataset", "synth", "runtime", "tracking")
 
     def check(self) -> None:
+        from specbench.data.synthetic import SynthSettings
+        from specbench.evaluation import shard_indices
+        from specbench.serving.openai_backend import ServerSettings
+
         self.plan = validate_synth(self.cfg)
+        settings = SynthSettings.from_config(self.cfg.synth)
+        try:
+            self.server = ServerSettings.from_config(self.cfg.synth)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        self.prompts = load_task_prompts(self.cfg.dataset)
+        if not shard_indices(len(self.prompts), settings.num_shards, settings.shard_id):
+            raise ConfigError(
+                f"synth.shard_id={settings.shard_id} of synth.num_shards={settings.num_shards} selects no "
+                f"prompt: the dataset has {len(self.prompts)}"
+            )
+        check_writable(self._configured_dir(), "synth.output_dir")
+        self.plan.resolve()
         self._check_existing(self._configured_dir(), self.plan)
 
     def run_dir(self) -> Path | None:
@@ -43,23 +54,34 @@ class SynthTask(Task):
             return Path(configured).expanduser()
         return super().run_dir()
 
+    def run_name(self) -> str:
+        from specbench.models.spec import model_name
+
+        verifier = self.plan.verifier if self.plan else None
+        return f"synth {model_name(verifier) if verifier else ''} {self.cfg.dataset.name}".replace("  ", " ")
+
     def run(self) -> dict:
-        cfg = self.cfg
-        plan = self.plan or validate_synth(cfg)  # run_task validated already; direct calls validate here
+        import torch
+
+        from specbench.data.synthetic import METADATA_FILE, SynthDataError, SynthSettings, synthesize
+        from specbench.models.loading import load_verifier
+        from specbench.serving.openai_backend import backend_for, verifier_without_weights
+
+        if self.plan is None:  # called directly (not through run_task)
+            self.check()
+        cfg, plan, prompts = self.cfg, self.plan, self.prompts
         settings = SynthSettings.from_config(cfg.synth)
         data = dataset_settings(cfg.dataset)
-        prompts = load_task_prompts(self.cfg.dataset)
-        if not shard_indices(len(prompts), settings.num_shards, settings.shard_id):
-            raise ConfigError(
-                f"synth.shard_id={settings.shard_id} of synth.num_shards={settings.num_shards} selects no "
-                f"prompt: the dataset has {len(prompts)}"
-            )
         out = output_dir(cfg.synth.output_dir, "synth.output_dir")
         self._check_existing(out, plan)  # before the model loads
         if cfg.runtime.num_threads is not None:
             torch.set_num_threads(cfg.runtime.num_threads)
         started = time.perf_counter()
-        verifier = load_verifier(plan.verifier, plan.device, plan.dtype)
+        if self.server.remote:  # a server generates: the tokenizer and config are enough here
+            verifier = verifier_without_weights(plan.verifier)
+        else:
+            verifier = load_verifier(plan.verifier, plan.device, plan.dtype, placement=verifier_placement(cfg, plan))
+        backend = backend_for(self.server, verifier, settings)
         load_s = time.perf_counter() - started
         self.tracker.set_tags(
             {
@@ -67,6 +89,7 @@ class SynthTask(Task):
                 "specbench.verifier": verifier.name,
                 "specbench.drafter": "none",
                 "specbench.shard": f"{settings.shard_id}/{settings.num_shards}",
+                "specbench.synth.backend": self.server.backend,
             }
         )
         try:
@@ -78,6 +101,7 @@ class SynthTask(Task):
                 dataset=data,
                 prompt_format=cfg.dataset.prompt_format,
                 resume=cfg.synth.resume,
+                backend=backend,
                 extra_metadata={
                     "config": OmegaConf.to_container(cfg, resolve=True),
                     "num_threads": torch.get_num_threads(),
@@ -99,6 +123,8 @@ class SynthTask(Task):
 
     def _check_existing(self, out: Path | None, plan: RunPlan) -> None:
         """A rows file of this shard in ``out`` must come from the same settings (else ConfigError)."""
+        from specbench.data.synthetic import SynthDataError, SynthSettings, check_resumable, run_identity
+
         if out is None or not self.cfg.synth.resume:
             return
         settings = SynthSettings.from_config(self.cfg.synth)

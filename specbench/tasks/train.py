@@ -6,46 +6,78 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import lightning as L
-import torch
+from typing import TYPE_CHECKING
 
 from specbench.config.validate import ConfigError, TrainPlan, validate_train
-from specbench.evaluation import eos_token_ids, pad_token_id
-from specbench.models.loading import LoadedModel, load_drafter, load_verifier
-from specbench.models.pair import PairMismatchError, shared_vocab_size
-from specbench.tasks.base import Task, load_task_prompts, output_dir
-from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
+from specbench.tasks.base import (
+    Task,
+    check_writable,
+    configured_dir,
+    load_task_prompts,
+    output_dir,
+    verifier_placement,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from specbench.models.loading import LoadedModel
 
 TRAINED_FILE = "trained.pt"
 SUMMARY_FILE = "train_metrics.json"
 
 
 class TrainTask(Task):
-    """validate → models → module + data for the method → Lightning fit (resuming last.ckpt) → trained.pt."""
+    """check: validate → prompts (diversed) → output dir; run: models → module + data for the method →
+    Lightning fit (resuming last.ckpt) → trained.pt."""
 
     plan: TrainPlan | None = None
+    prompts: list | None = None
+    config_groups = (
+        "task", "model", "method", "steering", "schedule", "dataset", "scoring", "gen", "train", "runtime",
+        "tracking",
+    )  # fmt: skip
 
     def check(self) -> None:
         self.plan = validate_train(self.cfg)
+        if self.plan.method == "diversed":  # reads prompts: a bad file fails before any run opens
+            self.prompts = load_task_prompts(self.cfg.dataset)
+        check_writable(configured_dir(self.cfg.train.output_dir), "train.output_dir")
+        self.plan.resolve()
 
     def run_dir(self) -> Path | None:
         configured = self.cfg.train.output_dir
         return Path(configured).expanduser() if configured else super().run_dir()
 
+    def run_name(self) -> str:
+        method = self.plan.method if self.plan else self.cfg.method.name
+        return f"train {method}"
+
     def run(self) -> dict:
-        cfg = self.cfg
-        plan = self.plan or validate_train(cfg)
+        import lightning as L
+        import torch
+
+        from specbench.models.loading import load_drafter, load_verifier
+        from specbench.models.pair import PairMismatchError, shared_vocab_size
+        from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
+
+        if self.plan is None:  # called directly (not through run_task)
+            self.check()
+        cfg, plan = self.cfg, self.plan
         out = output_dir(cfg.train.output_dir, "train.output_dir")
         if cfg.runtime.num_threads is not None:
             torch.set_num_threads(cfg.runtime.num_threads)
         L.seed_everything(cfg.train.seed, workers=True, verbose=False)
-        verifier = load_verifier(plan.verifier, plan.device, plan.dtype)
-        drafter = load_drafter(plan.drafter, verifier, plan.device, plan.dtype)
-        try:
-            vocab = shared_vocab_size(verifier.model, drafter.model, verifier.tokenizer, drafter.tokenizer)
-        except PairMismatchError as err:
-            raise ConfigError(f"model.drafter does not fit model.verifier: {err}") from err
+        verifier = load_verifier(plan.verifier, plan.device, plan.dtype, placement=verifier_placement(cfg, plan))
+        if plan.method == "eagle3":  # the head is built from the verifier (and the data), not loaded
+            drafter = None
+            vocab = shared_vocab_size(verifier.model, verifier.model, verifier.tokenizer, verifier.tokenizer)
+        else:
+            drafter = load_drafter(plan.drafter, verifier, plan.device, plan.dtype)
+            try:
+                vocab = shared_vocab_size(verifier.model, drafter.model, verifier.tokenizer, drafter.tokenizer)
+            except PairMismatchError as err:
+                raise ConfigError(f"model.drafter does not fit model.verifier: {err}") from err
         module, data = self._build(plan, verifier, drafter, vocab)
         trainer, metrics = build_trainer(
             cfg.train, out, self.tracker, plan.device, automatic_optimization=module.automatic_optimization
@@ -56,7 +88,7 @@ class TrainTask(Task):
         self.tracker.set_tags({
             "specbench.method": plan.method,
             "specbench.verifier": verifier.name,
-            "specbench.drafter": drafter.name,
+            "specbench.drafter": drafter.name if drafter is not None else plan.drafter.name or "eagle3",
             "specbench.resumed_from": str(resume) if resume else "",
         })
         trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
@@ -73,8 +105,19 @@ class TrainTask(Task):
         return summary
 
     def _build(self, plan: TrainPlan, verifier: LoadedModel, drafter: LoadedModel, vocab: int):
+        from specbench.evaluation import eos_token_ids, pad_token_id
+
         eos = eos_token_ids(verifier.model, verifier.tokenizer)
         pad = pad_token_id(verifier.tokenizer, eos)
+        if plan.method == "eagle3":
+            from specbench.training.eagle3 import build_eagle3_training
+
+            try:
+                return build_eagle3_training(self.cfg, verifier, vocab, eos, pad)
+            except (FileNotFoundError, ValueError) as err:
+                if isinstance(err, ConfigError):
+                    raise
+                raise ConfigError(" ".join(str(err).split())) from err
         if plan.method in ("sd2", "distill"):
             from specbench.training.drafter import build_drafter_training
 
@@ -86,7 +129,7 @@ class TrainTask(Task):
                 raise ConfigError(str(err)) from err
         from specbench.training.diversed import build_diversed_training
 
-        prompts = load_task_prompts(self.cfg.dataset)
+        prompts = self.prompts if self.prompts is not None else load_task_prompts(self.cfg.dataset)
         try:
             return build_diversed_training(self.cfg, verifier, drafter, prompts)
         except ValueError as err:  # bad train.* values, a dataset without per-sample rewards

@@ -26,10 +26,12 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.tracking import store
+from specbench.errors import ConfigError
+from specbench.tracking import signals, store
 from specbench.tracking.run import (
     PARENT_FILE,
     PARENT_TAG,
+    name_head,
     override_key,
     read_record,
     run_name,
@@ -98,12 +100,20 @@ class MlflowSweepCallback(Callback):
         tracking = config.get("tracking")
         if tracking is not None and not tracking.get("enabled", True):
             return
-        tracking = tracking or {}
+        try:
+            self._start(config, tracking or {})
+        except ConfigError as err:  # an unusable tracking store: one line, before any job starts
+            print(f"Config error: {err}", file=sys.stderr)
+            sys.exit(2)
+
+    def _start(self, config: DictConfig, tracking: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         target = OmegaConf.select(config, "task._target_", default="") or ""
         kind = task_kind(target)
         uri = store.resolve_tracking_uri(tracking.get("uri"))
-        client = store.client(uri)
+        key = store.uri_source(tracking.get("uri"))
+        store.check_uri(uri, key)
+        client = store.client(uri, key)
         experiment_id = store.get_or_create_experiment(
             client, store.experiment_name(tracking.get("experiment"), kind), uri
         )
@@ -115,9 +125,8 @@ class MlflowSweepCallback(Callback):
         in_config = OmegaConf.select(config, "hydra.sweeper.params", default=None)  # a grid set by a preset
         varying += [str(key) for key in (in_config or {}) if str(key) not in varying]
         if run_id is None:
-            method = OmegaConf.select(config, "method.name", default=None)
             named = [o for o in overrides if override_key(o) in varying] or overrides
-            name = tracking.get("run_name") or "sweep " + run_name(method, named, kind)
+            name = tracking.get("run_name") or "sweep " + run_name(name_head(config, kind), named, kind)
             run_id = store.retry(client.create_run, experiment_id, run_name=name[:250]).info.run_id
         launcher = OmegaConf.select(config, "hydra.launcher._target_", default="") or ""
         tags = {
@@ -160,14 +169,18 @@ class MlflowSweepCallback(Callback):
         store.retry(client.set_terminated, parent["run_id"], "FAILED" if bad else "FINISHED")
 
     def _end_if_open(self) -> None:
-        """At exit: a parent still open means the sweep stopped on an error."""
+        """At exit: a parent still open means the sweep stopped on an error, or on SIGINT / SIGTERM."""
         if self.parent is None:
             return
         parent, self.parent = self.parent, None
+        signum = signals.received()
+        status, reason = ("FAILED", "the sweep ended with an error")
+        if signum is not None:
+            status, reason = ("KILLED", f"the sweep was killed by {signals.signal_name(signum)}")
         with contextlib.suppress(Exception):
             client = store.client(parent["tracking_uri"])
-            store.retry(client.set_tag, parent["run_id"], "specbench.error", "the sweep ended with an error")
-            store.retry(client.set_terminated, parent["run_id"], "FAILED")
+            store.retry(client.set_tag, parent["run_id"], "specbench.error", reason)
+            store.retry(client.set_terminated, parent["run_id"], status)
 
     @staticmethod
     def _reopen(client: Any, record: dict | None, uri: str) -> str | None:

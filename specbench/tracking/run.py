@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.tracking import store
+from specbench.tracking import signals, store
 
 PARENT_FILE = "mlflow_parent.json"  # in the sweep dir: the parent run of a multirun
 RUN_FILE = "mlflow_run.json"  # in a task's output dir: its run, reopened when the task is rerun there
@@ -83,10 +83,16 @@ def safe_name(name: str) -> str:
     return _BAD_NAME.sub("_", name).strip("/")[:250] or "_"
 
 
-def config_params(cfg: DictConfig | Mapping) -> dict[str, str]:
-    """The flattened resolved config (without the ``hydra`` node) as MLflow param strings."""
+def config_params(cfg: DictConfig | Mapping, groups: Iterable[str] | None = None) -> dict[str, str]:
+    """The flattened resolved config (without the ``hydra`` node) as MLflow param strings.
+
+    ``groups``: the top-level groups to keep (None: all), e.g. an eval run leaves out ``train`` and ``synth``.
+    """
     tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     tree.pop("hydra", None)
+    if groups is not None:
+        kept = set(groups)
+        tree = {k: v for k, v in tree.items() if k in kept}
     return {safe_name(key): param_string(value) for key, value in flatten(tree).items()}
 
 
@@ -100,11 +106,30 @@ def numeric_metrics(values: Mapping[str, Any]) -> dict[str, float]:
 
 
 def run_name(method: str | None, overrides: Iterable[str], kind: str | None = None) -> str:
-    """``"<method> key=value ..."`` from the overrides that change what runs (≤ 250 chars)."""
+    """``"<method> key=value ..."`` from the overrides that change what runs (≤ 250 chars).
+
+    ``method`` is the head (a task may pass another, e.g. ``report`` or ``synth <verifier>``); inside a
+    sweep the caller passes only the swept overrides, so sibling runs differ by name.
+    """
     kept = [o for o in overrides if not o.lstrip("+~").startswith(_NAME_SKIP)]
     head = method or kind or "run"
     name = " ".join([head, *kept]) if kept else f"{head} (defaults)"
     return name if len(name) <= RUN_NAME_MAX else name[: RUN_NAME_MAX - 1] + "…"
+
+
+def name_head(cfg: Any, kind: str) -> str:
+    """The head of a run name from the composed config: the (canonical) method of an eval run, else the
+    task (``train diversed``, ``synth``, ``report``), never a method the task does not use."""
+    method = OmegaConf.select(cfg, "method.name", default=None) if isinstance(cfg, DictConfig) else None
+    if method:
+        from specbench.method_names import METHOD_ALIASES
+
+        method = METHOD_ALIASES.get(method, method)
+    if kind == "eval":
+        return method or kind
+    if kind == "train" and method:
+        return f"train {method}"
+    return kind
 
 
 def read_record(path: Path) -> dict | None:
@@ -257,6 +282,11 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 40] + f"… <{len(text)} chars, clipped>"
 
 
+def tracking_enabled(cfg: DictConfig) -> bool:
+    """Whether ``cfg`` asks for an MLflow run (``tracking.enabled``, default true)."""
+    return _enabled(cfg)
+
+
 def _enabled(cfg: DictConfig) -> bool:
     tracking = cfg.get("tracking") if isinstance(cfg, DictConfig) else None
     return bool(tracking is None or tracking.get("enabled", True))
@@ -286,13 +316,20 @@ def _model_label(node: Any) -> str | None:
     return node.get("name") or node.get("path") or node.get("kind")
 
 
-def describe_tags(cfg: DictConfig, kind: str, overrides: list[str]) -> dict[str, str]:
-    """``specbench.*`` tags from the config (tasks may refine them once models are loaded)."""
+def describe_tags(
+    cfg: DictConfig, kind: str, overrides: list[str], groups: Iterable[str] | None = None
+) -> dict[str, str]:
+    """``specbench.*`` tags from the config (tasks may refine them once models are loaded).
+
+    Method and model tags only for tasks that read those groups (a report run is about no method).
+    """
+    reads = (lambda group: True) if groups is None else set(groups).__contains__
     tags = {
         "specbench.task": kind,
-        "specbench.method": _select(cfg, "method.name"),
-        "specbench.verifier": _model_label(_select(cfg, "model.verifier")),
-        "specbench.drafter": _model_label(_select(cfg, "model.drafter")),
+        "specbench.method": _select(cfg, "method.name") if reads("method") else None,
+        "specbench.method_alias": _select(cfg, "method.alias") if reads("method") else None,
+        "specbench.verifier": _model_label(_select(cfg, "model.verifier")) if reads("model") else None,
+        "specbench.drafter": _model_label(_select(cfg, "model.drafter")) if reads("model") else None,
         "specbench.overrides": json.dumps(overrides),
         "specbench.host": socket.gethostname(),
         "specbench.command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else None,
@@ -332,21 +369,49 @@ def _reopen(mlflow_client: Any, record: dict | None, uri: str, params: Mapping[s
     return run.info.run_id
 
 
+_checked_uris: set[str] = set()
+
+
+def check_tracking(cfg: DictConfig) -> tuple[str, str]:
+    """(tracking URI, the setting it came from) of ``cfg``'s run, checked (:func:`store.check_uri`) once
+    per process; a ConfigError naming the setting if MLflow could not use it. No mlflow import."""
+    hydra = _hydra()
+    sweep_dir = _sweep_dir(hydra)
+    parent = read_record(sweep_dir / PARENT_FILE) if sweep_dir else None
+    tracking = cfg.get("tracking") or {}
+    if parent:
+        uri, key = parent["tracking_uri"], f"the tracking URI of the sweep ({sweep_dir / PARENT_FILE})"
+    else:
+        cwd = hydra.runtime.cwd if hydra is not None else None
+        uri = store.resolve_tracking_uri(tracking.get("uri"), cwd)
+        key = store.uri_source(tracking.get("uri"))
+    if uri not in _checked_uris:
+        store.check_uri(uri, key)
+        _checked_uris.add(uri)
+    return uri, key
+
+
 @contextlib.contextmanager
 def task_run(
     cfg: DictConfig,
     kind: str,
     run_dir: str | Path | None = None,
     overrides: list[str] | None = None,
+    groups: Iterable[str] | None = None,
+    head: str | None = None,
 ) -> Iterator[NullTracker]:
     """Open the MLflow run of one task and yield its :class:`Tracker` (a :class:`NullTracker` if off).
 
     - URI: ``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<project>/mlruns/mlflow.db``;
-      inside a multirun, the parent's URI (read from ``<sweep dir>/mlflow_parent.json``).
-    - Experiment ``tracking.experiment`` or ``specbench-<kind>``; run name from the method and overrides.
-    - Params: the flattened resolved config; tags ``specbench.*`` and, in a sweep, ``mlflow.parentRunId``.
+      inside a multirun, the parent's URI (read from ``<sweep dir>/mlflow_parent.json``). A URI MLflow
+      cannot use, or a server that does not answer within seconds, is a ConfigError before any run opens.
+    - Experiment ``tracking.experiment`` or ``specbench-<kind>``; run name ``head`` (default:
+      :func:`name_head`) and the overrides (in a sweep: the swept ones).
+    - Params: the flattened resolved config (only ``groups``, if given); tags ``specbench.*`` and, in a
+      sweep, ``mlflow.parentRunId``.
     - ``run_dir/mlflow_run.json`` records the run; a rerun into the same dir (resume, requeue) reopens it.
-    - Ends FINISHED, or FAILED (KILLED on Ctrl-C) if the body raises; the exception is re-raised.
+    - Ends FINISHED, or FAILED (KILLED on SIGINT / SIGTERM) with the reason as the tag
+      ``specbench.error`` if the body raises; the exception is re-raised.
     """
     if not _enabled(cfg):
         yield NULL_TRACKER
@@ -357,19 +422,18 @@ def task_run(
         overrides = list(hydra.overrides.task) if hydra is not None else []
     sweep_dir = _sweep_dir(hydra)
     parent = read_record(sweep_dir / PARENT_FILE) if sweep_dir else None
-    cwd = hydra.runtime.cwd if hydra is not None else None
-    uri = parent["tracking_uri"] if parent else store.resolve_tracking_uri(tracking.get("uri"), cwd)
-    mlflow_client = store.client(uri)
+    uri, key = check_tracking(cfg)
+    mlflow_client = store.client(uri, key)
     if parent:
         experiment_id = parent["experiment_id"]
     else:
         name = store.experiment_name(tracking.get("experiment"), kind)
         experiment_id = store.get_or_create_experiment(mlflow_client, name, uri)
 
-    params = config_params(cfg)
+    params = config_params(cfg, groups)
     record_path = Path(run_dir) / RUN_FILE if run_dir else None
     run_id = _reopen(mlflow_client, read_record(record_path), uri, params) if record_path else None
-    tags = describe_tags(cfg, kind, overrides)
+    tags = describe_tags(cfg, kind, overrides, groups)
     if sweep_dir is not None:
         tags["specbench.sweep_dir"] = str(sweep_dir)
         tags["specbench.job_num"] = str(hydra.job.num)
@@ -381,15 +445,15 @@ def task_run(
     if run_id is None:
         varying = set(parent.get("swept_keys") or []) if parent else set()
         named = [o for o in overrides if override_key(o) in varying] if varying else overrides
-        name = tracking.get("run_name") or run_name(_select(cfg, "method.name"), named, kind)
+        name = tracking.get("run_name") or run_name(head or name_head(cfg, kind), named, kind)
         run = store.retry(mlflow_client.create_run, experiment_id, run_name=name)
         run_id = run.info.run_id
     else:
         tags["specbench.reopened"] = "true"
-    if record_path is not None:
-        write_record(record_path, uri, experiment_id, run_id)
     tracker = Tracker(mlflow_client, uri, experiment_id, run_id)
-    with ending(tracker):
+    with ending(tracker):  # from here on, every way out ends the run
+        if record_path is not None:
+            write_record(record_path, uri, experiment_id, run_id)
         tracker._existing_params = dict(store.retry(mlflow_client.get_run, run_id).data.params)
         tracker.set_tags(tags)
         tracker.log_params(params)
@@ -418,22 +482,38 @@ def _active(uri: str, run_id: str) -> Iterator[None]:
                 store.retry(mlflow.end_run)
 
 
+def end_status(err: BaseException) -> tuple[str, str | None]:
+    """(MLflow status, reason) for a task that stopped with ``err``."""
+    signum = signals.received()
+    if signals.preempted():
+        return "KILLED", f"preempted ({signals.signal_name(signum)}): requeued; the rerun reopens this run"
+    if signum is not None:
+        return "KILLED", f"killed by {signals.signal_name(signum)}"
+    if isinstance(err, KeyboardInterrupt):
+        return "KILLED", "interrupted (KeyboardInterrupt)"
+    if isinstance(err, SystemExit) and err.code in (0, None):
+        return "FINISHED", None
+    return "FAILED", f"{type(err).__name__}: {err}"
+
+
 @contextlib.contextmanager
 def ending(tracker: Tracker) -> Iterator[None]:
-    """End ``tracker``'s run FINISHED, or FAILED/KILLED with the traceback as ``error.txt`` and re-raise."""
+    """End ``tracker``'s run FINISHED, or FAILED/KILLED with the reason (tag ``specbench.error``) and the
+    traceback (``error.txt``), and re-raise."""
     try:
         yield
     except BaseException as err:
-        status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
-        if isinstance(err, SystemExit) and err.code in (0, None):
-            status = "FINISHED"
+        status, reason = end_status(err)
         with contextlib.suppress(Exception):  # never hide the task's own error
-            if status != "FINISHED":
-                tracker.set_tags({"specbench.error": f"{type(err).__name__}: {err}"[:1000]})
+            if reason is not None:
+                tracker.set_tags({"specbench.error": reason[:1000]})
                 tracker.log_text("".join(traceback.format_exception(err)), "error.txt")
         try:
             tracker.end(status)
         except Exception as end_err:  # noqa: BLE001 - store unreachable; keep the task's error
             print(f"warning: could not mark MLflow run {tracker.run_id} {status}: {end_err}", file=sys.stderr)
+        else:
+            if status != "FINISHED":
+                print(f"MLflow run {tracker.run_id} ended {status}: {reason}", file=sys.stderr)
         raise
     tracker.end("FINISHED")

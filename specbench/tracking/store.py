@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from specbench.errors import ConfigError
+
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
@@ -24,6 +26,13 @@ DB_SUBPATH = Path("mlruns") / "mlflow.db"
 ARTIFACTS_DIRNAME = "artifacts"
 EXPERIMENT_PREFIX = "specbench-"
 LOCK_RETRY_S = 120.0  # give up on "database is locked" after this long
+PROBE_TIMEOUT_S = 5.0  # an MLflow server that does not answer within this is unreachable
+SQLITE_HEADER = b"SQLite format 3\x00"
+SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "file")
+SCHEME_HINT = (
+    "use sqlite:///PATH.db (a local file), http(s)://HOST:PORT (an MLflow server), a database URL "
+    "(postgresql://, mysql://, mssql://), or tracking=none"
+)
 
 
 def project_root() -> Path:
@@ -62,6 +71,77 @@ def sqlite_path(uri: str) -> Path | None:
         if path and path != ":memory:":
             return Path(path)
     return None
+
+
+def uri_source(configured: str | None) -> str:
+    """The name of the setting a tracking URI came from, for error messages."""
+    if configured:
+        return "tracking.uri"
+    if os.environ.get(ENV_URI):
+        return f"tracking.uri (null, so ${ENV_URI})"
+    return "tracking.uri (null: the default store)"
+
+
+def check_uri(uri: str, key: str = "tracking.uri", timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Cheap checks that MLflow can use ``uri``, before a run opens; raises ConfigError naming ``key``.
+
+    An unsupported scheme, a path that is not an SQLite database (or cannot be created), and an MLflow
+    server that does not answer within ``timeout_s`` (MLflow itself retries for minutes) fail at once.
+    """
+    scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if ":" in uri else ""
+    if scheme not in SCHEMES:
+        raise ConfigError(f"{key}: unsupported tracking URI {uri!r} (scheme {scheme!r}); {SCHEME_HINT}")
+    allowed = os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("1", "true", "yes")
+    if scheme == "file" and not allowed:
+        raise ConfigError(
+            f"{key}: {uri!r} is MLflow's retired file store (MLflow refuses it unless "
+            "MLFLOW_ALLOW_FILE_STORE=true); use sqlite:///PATH.db"
+        )
+    path = sqlite_path(uri)
+    if path is not None:
+        _check_sqlite_file(path, key)
+    elif scheme in ("http", "https"):
+        _probe_server(uri, key, timeout_s)
+
+
+def _check_sqlite_file(path: Path, key: str) -> None:
+    if path.is_dir():
+        raise ConfigError(
+            f"{key}: {str(path)!r} is a directory, not an SQLite database file; pass sqlite:///DIR/mlflow.db"
+        )
+    if path.is_file() and path.stat().st_size > 0:
+        with open(path, "rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+        if header != SQLITE_HEADER:
+            raise ConfigError(
+                f"{key}: {str(path)!r} is not an SQLite database (MLflow's store); pass a .db file MLflow "
+                "created, or a path to a new one"
+            )
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"{key}: cannot create the directory of the SQLite store {str(path)!r}: {err.strerror or err}"
+        ) from err
+
+
+def _probe_server(uri: str, key: str, timeout_s: float) -> None:
+    """Any HTTP answer means the server is there; no answer within ``timeout_s`` is a ConfigError."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
+            pass
+    except urllib.error.HTTPError:
+        return  # it answered (an older server without /health, or a proxy asking for credentials)
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "reason", None) or err
+        raise ConfigError(
+            f"{key}: cannot reach the MLflow server at {uri} within {timeout_s:g} s ({reason}); start it "
+            "(mlflow server ...), or pass tracking.uri=sqlite:///PATH.db or tracking=none"
+        ) from err
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
@@ -109,18 +189,26 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def client(uri: str) -> MlflowClient:
+def client(uri: str, key: str = "tracking.uri") -> MlflowClient:
     """An MlflowClient on ``uri`` whose store is created (and the SQLite schema migrated) under a file lock.
 
-    The lock keeps concurrent first uses of a fresh SQLite file from racing through the migrations.
+    The lock keeps concurrent first uses of a fresh SQLite file from racing through the migrations. A
+    store MLflow refuses (e.g. the retired ``file:`` store) is a one-line ConfigError naming ``key``.
     """
     from mlflow.tracking import MlflowClient
 
-    made = MlflowClient(tracking_uri=uri)
     path = sqlite_path(uri)
-    lock = _file_lock(path.with_name(path.name + ".lock")) if path else contextlib.nullcontext()
-    with lock:
-        retry(made.search_experiments, max_results=1)
+    try:
+        made = MlflowClient(tracking_uri=uri)
+        lock = _file_lock(path.with_name(path.name + ".lock")) if path else contextlib.nullcontext()
+        with lock:
+            retry(made.search_experiments, max_results=1)
+    except ConfigError:
+        raise
+    except Exception as err:
+        message = " ".join(str(err).split())[:300]
+        reason = f"{type(err).__name__}: {message}"
+        raise ConfigError(f"{key}: MLflow cannot use the store {uri!r}: {reason}") from err
     return made
 
 

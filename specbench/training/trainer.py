@@ -8,8 +8,11 @@
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Iterable, Mapping
+import re
+import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +20,11 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from specbench.models.checkpoints import METADATA_KEY, read_checkpoint  # noqa: F401  (re-exported)
 from specbench.tracking import NullTracker
 
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
-METADATA_KEY = "specbench"
 
 
 def warmup_cosine_lr(step: int, warmup_steps: int, total_steps: int, lr_start: float, lr_end: float) -> float:
@@ -90,6 +93,75 @@ class LastMetrics(Callback):
             self._keep(trainer)
 
 
+class StepProgress(Callback):
+    """The console's view of training: a line every ``every`` optimiser steps (step / max_steps and the
+    train metrics) and one after each validation. It replaces Lightning's progress bar, which counts
+    epochs (``Epoch 1/-2`` for a run bounded by steps) and garbles log files."""
+
+    def __init__(self, every: int, max_steps: int) -> None:
+        self.every = max(1, every)
+        self.max_steps = max_steps
+        self._printed = -1
+
+    @staticmethod
+    def _values(trainer: L.Trainer, prefix: str) -> str:
+        items = [
+            (k.removeprefix(prefix), float(v))
+            for k, v in sorted(trainer.callback_metrics.items())
+            if k.startswith(prefix) and torch.is_tensor(v) and v.numel() == 1
+        ]
+        return "  ".join(f"{k} {v:.4g}" for k, v in items)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == self._printed or not trainer.is_global_zero:
+            return
+        if step % self.every == 0 or step >= self.max_steps:
+            self._printed = step
+            print(f"step {step}/{self.max_steps}  {self._values(trainer, 'train/')}".rstrip(), flush=True)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking and trainer.is_global_zero:
+            values = self._values(trainer, "val/")
+            print(f"validation at step {trainer.global_step}: {values}".rstrip(), flush=True)
+
+
+# Lightning messages that say nothing a specbench user can act on.
+QUIET_WARNINGS = (
+    r"Using ModelCheckpoint with manual optimization",  # the state after the step is what resume needs
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning vs torch >= 2.9, internal
+    r".*does not have many workers",  # num_workers=0 is the default on purpose (tiny CPU datasets)
+    r"The `srun` command is available on your system",  # SLURM jobs come from submitit, which uses srun itself
+)
+QUIET_INFO = re.compile(r"^(💡 Tip|GPU available|TPU available|HPU available|`Trainer.fit` stopped)")
+
+
+class _QuietInfo(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not QUIET_INFO.match(record.getMessage())
+
+
+def quiet_lightning() -> None:
+    """Lightning on the console once, without its tips, accelerator lines and known-harmless warnings.
+
+    The ``lightning`` logger has its own console handler and also propagates to the root logger (which
+    Hydra sets up for the console and the job's log file), so every line came twice: when the root has
+    handlers, Lightning's own is dropped.
+    """
+    logger = logging.getLogger("lightning")
+    if logging.getLogger().handlers:
+        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+            logger.removeHandler(handler)
+    # A logger's filters see only the records it creates, so each logger Lightning logs these with.
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning.pytorch.trainer.connectors.accelerator_connector"):
+        named = logging.getLogger(name)
+        if not any(isinstance(f, _QuietInfo) for f in named.filters):
+            named.addFilter(_QuietInfo())
+    for message in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+
+
 def last_checkpoint(out_dir: Path) -> Path | None:
     path = Path(out_dir) / CHECKPOINT_DIR / LAST_CHECKPOINT
     return path if path.is_file() else None
@@ -120,7 +192,9 @@ def build_trainer(
     """A Trainer for ``train`` (the ``train:`` config): max_steps, accumulation, grad clip (automatic
     optimisation only; manual modules clip themselves), precision, devices/strategy, ``last.ckpt`` every
     ``checkpoint_every_steps``, validation every ``val_every_steps``, step-wise metrics into ``tracker``'s
-    MLflow run (Lightning's MLFlowLogger attached to it by run id)."""
+    MLflow run (Lightning's MLFlowLogger attached to it by run id). The console shows :class:`StepProgress`
+    lines, not Lightning's bar, tips or accelerator lines."""
+    quiet_lightning()
     checkpoints = ModelCheckpoint(
         dirpath=Path(out_dir) / CHECKPOINT_DIR,
         save_last=True,
@@ -151,30 +225,14 @@ def build_trainer(
         num_sanity_val_steps=0,
         log_every_n_steps=log_every_n_steps,
         logger=loggers or False,
-        callbacks=[checkpoints, metrics, *callbacks],
+        callbacks=[checkpoints, metrics, StepProgress(log_every_n_steps, train.max_steps), *callbacks],
         plugins=_plugins(),
         default_root_dir=str(out_dir),
+        enable_progress_bar=False,
         enable_model_summary=False,
         deterministic=False,
     )
     return trainer, metrics
-
-
-def read_checkpoint(path: str | Path) -> tuple[Mapping[str, torch.Tensor], dict]:
-    """The trained weights and metadata of a specbench checkpoint (a Lightning .ckpt or an exported .pt)."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise ValueError(f"checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {err})") from err
-    if not isinstance(data, dict) or "state_dict" not in data or METADATA_KEY not in data:
-        raise ValueError(
-            f"checkpoint {str(path)!r} is not a specbench training checkpoint (no state_dict / {METADATA_KEY} "
-            "metadata); pass the last.ckpt or trained.pt that task=train wrote"
-        )
-    return data["state_dict"], data[METADATA_KEY]
 
 
 def export_trained(module: torch.nn.Module, metadata: dict, path: Path) -> Path:

@@ -1,0 +1,101 @@
+"""A trained EAGLE-3 head vs autoregressive decoding and the early-exit drafter, on held-out Spec-Bench questions.
+
+One process, interleaved (``harness.run_all``): for each held-out question (first turn, the embedded
+SmolLM2-135M-Instruct verifier) autoregressive decoding, the demo's early-exit drafter (first 4 layers,
+γ = 3) and the EAGLE-3 head at each ``--gammas`` value, all with the exact ``sd`` rule. Greedy by default:
+every speculative output must be token-identical to autoregressive decoding (exit 1 otherwise). With
+``--temperature 1`` the rows sample (outputs then differ by design; τ and tokens/s are what count). The
+head's cost c (its time per drafted token over the verifier's one-token forward) is measured first.
+
+    python benchmarks/eagle3.py --head checkpoints/eagle3-smollm2-135m/trained.pt --per-task 5 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import engine_runner, format_table, heldout_questions, run_all, table, write_answer_files
+
+from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
+from specbench.drafters.eagle3_format import load_eagle3_drafter
+from specbench.evaluation import eos_token_ids, measure_profile, pad_token_id
+from specbench.models import ModelSpec, load_verifier
+from specbench.models.early_exit import early_exit_drafter
+
+DEFAULT_HEAD = Path(__file__).resolve().parents[1] / "checkpoints" / "eagle3-smollm2-135m" / "trained.pt"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head", default=str(DEFAULT_HEAD), help="trained.pt of task=train method=eagle3")
+    parser.add_argument("--per-task", type=int, default=5, help="held-out questions per Spec-Bench task")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--gammas", default="3,5", help="comma list of constant draft lengths for the head")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    parser.add_argument("--no-early-exit", action="store_true", help="leave out the early-exit row")
+    parser.add_argument("--out-dir", default=None, help="default: outputs/eagle3/TIME")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out_dir or f"outputs/eagle3/{time.strftime('%Y%m%d-%H%M%S')}")
+    verifier = load_verifier(ModelSpec(kind="embedded"), args.device, args.dtype)
+    tokenizer, model = verifier.tokenizer, verifier.model
+    eos = eos_token_ids(model, tokenizer)
+    pad = pad_token_id(tokenizer, eos)
+    vocab = min(len(tokenizer), model.get_output_embeddings().weight.shape[0])
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    common = {"settings": settings, "vocab_size": vocab, "eos_token_ids": eos, "pad_token_id": pad}
+    gammas = [int(g) for g in args.gammas.split(",") if g.strip()]
+
+    head = load_eagle3_drafter(args.head, verifier, vocab)
+    profile = measure_profile(verifier, head, vocab, max(gammas) + 1, context_len=256, repeats=7)
+    print(profile.table(), file=sys.stderr)
+
+    runners = [engine_runner("autoregressive", SpeculativeEngine(model, None, **common))]
+    if not args.no_early_exit:
+        drafter = early_exit_drafter(model, 4)
+        runners.append(engine_runner(
+            "early-exit-4-g3", SpeculativeEngine(model, drafter, schedule=DraftSchedule("constant", 3), **common)
+        ))  # fmt: skip
+    for gamma in gammas:
+        runners.append(engine_runner(
+            f"eagle3-g{gamma}",
+            SpeculativeEngine(model, load_eagle3_drafter(args.head, verifier, vocab),
+                              schedule=DraftSchedule("constant", gamma), **common),
+        ))  # fmt: skip
+    questions = heldout_questions(args.per_task)
+    answers = run_all(runners, tokenizer, questions)
+    figures = table(answers, "autoregressive")
+    write_answer_files(out / "answers", answers)
+    report = {
+        "head": str(args.head), "questions": len(questions), "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature, "threads": args.threads, "device": str(model.device),
+        "dtype": str(model.dtype), "profile": profile.to_dict(),
+        "figures": figures,
+    }  # fmt: skip
+    (out / "eagle3.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(format_table(figures))
+    print(f"head cost c = {profile.c:.3f} (time per drafted token / one-token verifier forward)")
+    print(f"answers and figures: {out}")
+    if args.temperature > 0:
+        return 0
+    identical = all(rows["overall"]["identical"] == 1.0 for rows in figures.values())
+    print("every output token-identical to autoregressive decoding:", identical)
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

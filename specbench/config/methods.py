@@ -1,0 +1,68 @@
+"""One meaning per method, whichever way it was named: aliases and ``method.name=`` overrides resolved.
+
+``method=static_en`` (an alias option, ``conf/method/static_en.yaml``), ``method.name=static_en`` and
+``method=static_ensemble`` all run the static ensemble with its defaults
+(``conf/method/static_ensemble.yaml``).
+:func:`normalize_method` rewrites the composed ``method`` node in place: ``name`` becomes the canonical
+name, ``alias`` the name the user typed (recorded as the tag ``specbench.method_alias``), a parameter the
+method reads and nobody set takes the method's default, and parameters it does not read are cleared,
+so the recorded config (``config.yaml``, MLflow params) is what ran.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.method_names import ALL_METHODS, METHOD_ALIASES, METHOD_PARAMS
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+NOT_PARAMS = ("name", "alias")
+
+
+class UnknownMethodError(ValueError):
+    """``method.name`` is neither a method nor an alias."""
+
+
+def canonical_name(requested: str) -> str:
+    """``static_en`` → ``static_ensemble``; raises UnknownMethodError listing every allowed name."""
+    canonical = METHOD_ALIASES.get(requested, requested)
+    if canonical not in ALL_METHODS:
+        allowed = sorted({*ALL_METHODS, *METHOD_ALIASES})
+        raise UnknownMethodError(f"method.name: unknown method {requested!r}; allowed: {allowed}")
+    return canonical
+
+
+@cache
+def method_defaults(canonical: str) -> dict[str, Any]:
+    """The values ``conf/method/<canonical>.yaml`` sets (the method's defaults), without ``name``."""
+    path = CONF_DIR / "method" / f"{canonical}.yaml"
+    if not path.is_file():
+        return {}
+    values = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    return {k: v for k, v in values.items() if k not in ("defaults", *NOT_PARAMS)}
+
+
+def normalize_method(cfg: DictConfig) -> tuple[str, str | None]:
+    """Rewrite ``cfg.method`` into its canonical form (see the module doc); returns (canonical, alias)."""
+    node = cfg.method
+    requested = str(node.name)
+    canonical = canonical_name(requested)
+    alias = requested if requested != canonical else node.get("alias")
+    if alias is not None and METHOD_ALIASES.get(alias) != canonical:
+        alias = None  # e.g. method=sd_en method.name=lossy: the name the user typed last wins
+    defaults = method_defaults(canonical)
+    reads = METHOD_PARAMS[canonical]
+    for key in list(node.keys()):
+        if key in NOT_PARAMS:
+            continue
+        if key not in reads:
+            node[key] = None
+        elif node[key] is None and key in defaults:
+            node[key] = defaults[key]
+    node.name = canonical
+    node.alias = alias
+    return canonical, alias

@@ -1,0 +1,460 @@
+"""``task=train method=eagle3``: an EAGLE-3 head trained with training-time test (TTT) on task=synth rows.
+
+Per batch (verifier features from the feature cache, or computed on the fly): the head is unrolled
+``train.ttt_steps`` steps (default 7) over every position, each step on its own previous outputs
+(:meth:`Eagle3Head.unroll`). Step ``i`` at head index ``t`` predicts token ``t + 2 + i`` and is scored
+by soft cross-entropy against the verifier's next-token distribution at position ``t + 1 + i``,
+restricted to the draft vocabulary and renormalised (the top-k of it with ``train.feature_top_k``).
+
+Which positions count (SpecForge ``core/eagle3.py``, with its alignment fixed): a position counts when
+the token it predicts is a response token (loss mask 1) and the verifier's argmax over the *full*
+vocabulary lies in the draft vocabulary (SpecForge's ``position_mask = t2d[argmax] * loss_mask``). The
+step loss is the sum over counted positions divided by the number of response-predicting positions of
+that step (positions whose argmax is outside the draft vocabulary count as 0, as in SpecForge's mean;
+SpecForge divides by batch × sequence length, padding included). Steps are weighted ``0.8**i`` and
+summed. SpecForge gates step 0 with the loss mask of the token two before the predicted one and
+shifts the step-0 attention block at every step (SpecForge#885, #245; SafeAILab/EAGLE#247, #317);
+here the gate is the predicted token's own mask and every draft depth sees all committed positions,
+exactly as in decoding (tests/test_eagle3.py checks that the same inputs reach the head at the same
+positions in both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from specbench.drafters.draft_vocab import DraftVocab, count_response_tokens
+from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head, compact, resolve_taps
+from specbench.training.features import (
+    FeatureCache,
+    FeatureSplit,
+    TargetSpec,
+    build_feature_cache,
+    cache_identity,
+    open_feature_cache,
+    predict_positions,
+    verifier_batch,
+)
+from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
+from specbench.values import EAGLE3_INIT_LAYERS
+
+TTT_STEPS = 7
+LOSS_DECAY = 0.8
+VAL_MAX_NEW_TOKENS = 32
+METHOD = "eagle3"
+
+
+def option(node: Any, key: str, default: Any) -> Any:
+    """``node.key`` or ``default`` when the config (DictConfig, dataclass, namespace) has no such key."""
+    try:
+        value = getattr(node, key)
+    except (AttributeError, KeyError):
+        return default
+    return default if value is None else value
+
+
+# --- the loss -------------------------------------------------------------------------------------------
+
+
+def ttt_chains(
+    predict: torch.Tensor, steps: int, fraction: float = 1.0, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head indices whose TTT chains are unrolled: those with a response-predicting target at some
+    depth (``predict[t + 1 + i]`` for ``i < steps``), all of them or a random ``fraction`` per row
+    (anchored training-time test: fewer chains, the same sequences). Returns :func:`compact`'s pair."""
+    length = predict.shape[1]
+    reaches = torch.zeros(predict.shape[0], length - 1, dtype=torch.bool, device=predict.device)
+    for step in range(steps):
+        reaches[:, : length - 1 - step] |= predict[:, 1 + step :]
+    if fraction < 1.0:
+        scores = torch.rand(reaches.shape, generator=generator).to(predict.device)
+        scores = scores.masked_fill(~reaches, 2.0)
+        keep = torch.ceil(reaches.sum(dim=1) * fraction).long()
+        rank = scores.argsort(dim=1).argsort(dim=1)
+        reaches = reaches & (rank < keep.unsqueeze(1))
+    return compact(reaches)
+
+
+def ttt_loss(
+    head: Eagle3Head,
+    batch: dict[str, torch.Tensor],
+    steps: int,
+    decay: float = LOSS_DECAY,
+    chains: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> dict:
+    """The TTT loss of one batch (see the module docstring) and per-step top-1 agreement counts.
+
+    ``batch``: ``input_ids``, ``attention_mask`` (B, T); ``features`` (B, T, len(taps)·H_V) the verifier taps
+    at every position; ``predict`` / ``in_vocab`` (B, T); ``target_values`` (B, T, K) restricted verifier
+    logits at the predict positions (``target_index`` (B, T, K) draft ids for top-k targets). ``chains``:
+    the head indices whose chains count (:func:`ttt_chains`; default: every chain that reaches a counted
+    position, which gives the same loss as unrolling every index)."""
+    ids, attention = batch["input_ids"], batch["attention_mask"].bool()
+    predict, in_vocab = batch["predict"].bool(), batch["in_vocab"].bool()
+    values, index = batch["target_values"], batch.get("target_index")
+    length = ids.shape[1]
+    steps = min(steps, length - 1)
+    if chains is None:
+        chains = ttt_chains(predict, steps)
+    # Head index t pairs the feature at t with token t + 1 (it exists: attention at t + 1).
+    outputs, heads, inside = head.unroll(
+        ids[:, 1:], batch["features"][:, :-1], attention[:, 1:], steps, chains
+    )
+    outputs[0] = torch.gather(outputs[0], 1, heads.unsqueeze(-1).expand(-1, -1, outputs[0].shape[-1]))
+    total = values.new_zeros((), dtype=torch.float32)
+    step_losses, correct, counted_positions = [], [], []
+    for step, hidden in enumerate(outputs):
+        targets = heads + 1 + step  # the position whose verifier distribution step `step` at index t learns
+        usable = inside & (targets < length)
+        targets = targets.clamp(max=length - 1)
+        responding = usable & torch.gather(predict, 1, targets)
+        counted = responding & torch.gather(in_vocab, 1, targets)
+        rows, columns = counted.nonzero(as_tuple=True)
+        positions = targets[rows, columns]
+        denominator = responding.sum().clamp(min=1)
+        log_q = F.log_softmax(head.logits(hidden[rows, columns]).float(), dim=-1)
+        target_logits = values[rows, positions].float()
+        p = F.softmax(target_logits, dim=-1)
+        if index is None:
+            cross_entropy = -(p * log_q).sum(dim=-1)
+            top = target_logits.argmax(dim=-1)
+        else:
+            draft_ids = index[rows, positions]
+            cross_entropy = -(p * log_q.gather(-1, draft_ids)).sum(dim=-1)
+            top = draft_ids.gather(-1, target_logits.argmax(dim=-1, keepdim=True)).squeeze(-1)
+        loss = cross_entropy.sum() / denominator
+        total = total + decay**step * loss
+        step_losses.append(loss.detach())
+        correct.append((log_q.argmax(dim=-1) == top).sum().detach())
+        counted_positions.append(responding.sum().detach())
+    return {"loss": total, "step_losses": step_losses, "correct": correct, "positions": counted_positions}
+
+
+def tau_estimate(accuracies: Sequence[float]) -> float:
+    """Greedy chain τ implied by per-depth top-1 agreement: ``1 + Σ_k Π_{i<k} acc_i`` (step ``i``'s
+    agreement is conditional on the earlier drafts being right, as the TTT inputs are true tokens)."""
+    tau, survive = 1.0, 1.0
+    for acc in accuracies:
+        survive *= acc
+        tau += survive
+    return tau
+
+
+# --- data -----------------------------------------------------------------------------------------------
+
+
+class Eagle3Rows(Dataset):
+    """task=synth rows of one split, each with its cached verifier features and targets when given."""
+
+    def __init__(self, table: Any, cached: FeatureSplit | None = None):
+        self.table = table.select_columns(["input_ids", "loss_mask", "prompt_len"])
+        self.cached = cached
+        if cached is not None and len(cached) != len(self.table):
+            raise ValueError(
+                f"the feature cache has {len(cached)} rows of this split, the data {len(self.table)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int) -> dict:
+        row = dict(self.table[int(index)])
+        if self.cached is not None:
+            row.update(self.cached.row(int(index)))
+        return row
+
+
+def collate(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch; cached features / targets become dense (B, T, ·) tensors."""
+    from specbench.training.drafter import pad_batch
+
+    batch = pad_batch(rows, pad_id)
+    if "features" not in rows[0]:
+        return batch
+    size, length = batch["input_ids"].shape
+    features = torch.zeros((size, length, rows[0]["features"].shape[-1]), dtype=rows[0]["features"].dtype)
+    for i, row in enumerate(rows):
+        features[i, : row["features"].shape[0]] = row["features"]
+    batch["features"] = features
+    if "target_values" not in rows[0]:
+        return batch
+    predict = predict_positions(batch["attention_mask"], batch["loss_mask"])
+    width = rows[0]["target_values"].shape[-1]
+    values = torch.zeros((size, length, width), dtype=rows[0]["target_values"].dtype)
+    in_vocab = torch.zeros((size, length), dtype=torch.bool)
+    index = torch.zeros((size, length, width), dtype=torch.long) if "target_index" in rows[0] else None
+    for i, row in enumerate(rows):
+        values[i, predict[i]] = row["target_values"]
+        in_vocab[i, predict[i]] = row["in_vocab"]
+        if index is not None:
+            index[i, predict[i]] = row["target_index"]
+    batch.update(predict=predict, target_values=values, in_vocab=in_vocab)
+    if index is not None:
+        batch["target_index"] = index
+    return batch
+
+
+class Eagle3DataModule(L.LightningDataModule):
+    """Shuffled (seeded) training rows and in-order validation rows, with the feature cache when one is
+    configured: ``cache`` builds it (once, in ``prepare_data``, i.e. on rank 0) or opens it."""
+
+    def __init__(
+        self,
+        data: Any,
+        batch_size: int,
+        pad_id: int,
+        seed: int = 0,
+        num_workers: int = 0,
+        cache: Callable[[], FeatureCache] | None = None,
+    ):
+        super().__init__()
+        self.data, self.batch_size, self.pad_id = data, batch_size, pad_id
+        self.seed, self.num_workers, self._cache = seed, num_workers, cache
+        self.features: FeatureCache | None = None
+
+    def prepare_data(self) -> None:
+        if self._cache is not None:
+            self._cache()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._cache is not None and self.features is None:
+            self.features = self._cache()
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        cached = self.features[split] if self.features is not None else None
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(
+            Eagle3Rows(self.data[split], cached),
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            generator=generator,
+            num_workers=self.num_workers,
+            collate_fn=lambda rows: collate(rows, self.pad_id),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("validation", shuffle=False)
+
+
+# --- the module -----------------------------------------------------------------------------------------
+
+
+class Eagle3Training(TrainedOnlyCheckpoint, L.LightningModule):
+    """Train an EAGLE-3 head against a frozen verifier (not a submodule: never saved or trained)."""
+
+    def __init__(
+        self,
+        verifier: torch.nn.Module,
+        head: Eagle3Head,
+        train: Any,
+        targets: TargetSpec,
+        metadata: dict,
+        val_prompts: Sequence[Sequence[int]] = (),
+        eos_token_ids: Sequence[int] = (),
+        pad_token_id: int = 0,
+    ):
+        super().__init__()
+        self._verifier = [verifier]
+        self.head = head
+        self.train_cfg = train
+        self.targets = targets
+        self.steps = int(option(train, "ttt_steps", TTT_STEPS))
+        self.decay = float(option(train, "loss_decay", LOSS_DECAY))
+        self.chain_fraction = float(option(train, "ttt_chain_fraction", 1.0))
+        if self.steps < 1:
+            raise ValueError(f"train.ttt_steps must be >= 1, got {self.steps}")
+        if not 0.0 < self.chain_fraction <= 1.0:
+            raise ValueError(f"train.ttt_chain_fraction must be in (0, 1], got {self.chain_fraction}")
+        self._metadata = metadata
+        self.val_prompts = [list(p) for p in val_prompts]
+        self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
+        self._val_sums: torch.Tensor | None = None
+
+    @property
+    def verifier(self) -> torch.nn.Module:
+        return self._verifier[0]
+
+    def metadata(self) -> dict:
+        return dict(self._metadata)
+
+    def on_fit_start(self) -> None:
+        self.verifier.to(self.device)
+
+    def _with_features(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if "target_values" in batch:
+            return batch
+        return {**batch, **verifier_batch(self.verifier, batch, self.head.taps, self.targets)}
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        batch = self._with_features(batch)
+        chains = None
+        if self.chain_fraction < 1.0:  # seeded by step, so a resumed run samples the same chains
+            generator = torch.Generator().manual_seed(int(self.train_cfg.seed) * 1_000_003 + self.global_step)
+            chains = ttt_chains(batch["predict"].bool(), self.steps, self.chain_fraction, generator)
+        out = ttt_loss(self.head, batch, self.steps, self.decay, chains)
+        size = batch["input_ids"].shape[0]
+        self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
+        self.log("train/loss_step0", out["step_losses"][0], batch_size=size)
+        self.log(
+            "train/acc_step0", out["correct"][0].float() / out["positions"][0].clamp(min=1), batch_size=size
+        )
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=size)
+        return out["loss"]
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = torch.zeros(2, self.steps, dtype=torch.float64, device=self.device)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        out = ttt_loss(self.head, self._with_features(batch), self.steps, self.decay)
+        self.log("val/loss", out["loss"], batch_size=batch["input_ids"].shape[0], sync_dist=True)
+        for step, (right, count) in enumerate(zip(out["correct"], out["positions"])):
+            self._val_sums[0, step] += right.double()
+            self._val_sums[1, step] += count.double()
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking or self._val_sums is None:
+            return
+        sums = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum")
+        accuracies = (sums[0] / sums[1].clamp(min=1)).tolist()
+        for step, acc in enumerate(accuracies):
+            self.log(f"val/acc_step{step}", acc, rank_zero_only=True)
+        self.log("val/tau_estimate", tau_estimate(accuracies), rank_zero_only=True)
+        if self.val_prompts:
+            self.log("val/tau", speculative_tau(self, self.val_prompts), rank_zero_only=True)
+
+    def configure_optimizers(self) -> dict:
+        params = [p for p in self.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params, lr=self.train_cfg.lr_start, weight_decay=self.train_cfg.weight_decay
+        )
+        return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
+
+
+@torch.no_grad()
+def speculative_tau(module: Eagle3Training, prompts: list[list[int]]) -> float:
+    """Greedy speculative decoding of ``prompts`` with the current head (γ = ttt_steps): tokens per round."""
+    from specbench.decoding.engine import GenerationSettings, SpeculativeEngine
+    from specbench.decoding.schedules import DraftSchedule
+
+    was_training = module.head.training
+    try:
+        engine = SpeculativeEngine(
+            module.verifier,
+            Eagle3Drafter(module.head),
+            schedule=DraftSchedule("constant", module.steps),
+            settings=GenerationSettings(max_new_tokens=VAL_MAX_NEW_TOKENS),
+            vocab_size=module.targets.vocab.vocab_size,
+            eos_token_ids=module.eos_token_ids,
+            pad_token_id=module.pad_token_id,
+        )
+        results = [engine.generate([p])[0] for p in prompts]
+    finally:
+        module.head.train(was_training)
+    rounds = sum(len(r.rounds) for r in results)
+    return sum(len(r.output_ids) for r in results) / max(rounds, 1)
+
+
+# --- building it from the config ------------------------------------------------------------------------
+
+
+def draft_vocab_for(data: Any, draft_vocab_size: int | None, vocab_size: int) -> tuple[DraftVocab, float]:
+    """The draft vocabulary of the training split's response tokens (None: the full vocabulary) and the
+    share of response tokens it covers."""
+    counts = count_response_tokens(zip(data["train"]["input_ids"], data["train"]["loss_mask"]))
+    if draft_vocab_size is None or int(draft_vocab_size) == vocab_size:
+        vocab = DraftVocab.full(vocab_size)
+    else:
+        if not 1 <= int(draft_vocab_size) <= vocab_size:
+            raise ValueError(
+                f"train.draft_vocab_size must be in [1, {vocab_size}] (the verifier vocabulary) or null "
+                f"(the full vocabulary), got {draft_vocab_size}"
+            )
+        vocab = DraftVocab.from_counts(counts, int(draft_vocab_size), vocab_size)
+    return vocab, vocab.coverage(counts)
+
+
+def head_metadata(verifier: Any, head: Eagle3Head, vocab_size: int) -> dict:
+    """What ties a head to its verifier (checked when it is loaded) and rebuilds its architecture."""
+    from specbench.drafters.eagle3_format import verifier_identity
+
+    return {
+        "method": METHOD,
+        "drafter_kind": "eagle3",
+        **verifier_identity(verifier, vocab_size),
+        "layer_arch": head.config.model_type,
+        "taps": list(head.taps),
+        "draft_vocab_size": head.vocab.size,
+        "draft_vocab_ids": head.vocab.draft_ids.tolist(),
+        "draft_vocab_fingerprint": head.vocab.fingerprint(),
+        "lm_head": "trained" if head.lm_head.weight.requires_grad else "verifier",
+        "head_parameters": head.num_parameters(trainable_only=True),
+    }
+
+
+def build_eagle3_training(
+    cfg: Any, verifier: Any, vocab_size: int, eos_ids: Sequence[int], pad_id: int
+) -> tuple[Eagle3Training, Eagle3DataModule]:
+    """The LightningModule and DataModule of ``task=train method=eagle3`` (``verifier`` a LoadedModel;
+    ``vocab_size`` the vocabulary p and q are compared over, ``shared_vocab_size``)."""
+    from specbench.data.synthetic import load_synthetic
+    from specbench.models.pair import tokenizer_hash
+    from specbench.training.drafter import check_synthetic_source
+
+    train = cfg.train
+    data, data_meta = load_synthetic(str(train.data))
+    check_synthetic_source(data_meta, verifier.name, tokenizer_hash(verifier.tokenizer), train.data)
+    vocab, coverage = draft_vocab_for(data, option(train, "draft_vocab_size", None), vocab_size)
+    taps = resolve_taps(option(train, "taps", None), int(verifier.model.config.num_hidden_layers), "train.taps")
+    head = Eagle3Head.for_verifier(verifier.model, vocab, taps).float()
+    init_layer = option(train, "init_layer", "random")
+    if init_layer not in EAGLE3_INIT_LAYERS:
+        raise ValueError(f"train.init_layer must be one of {list(EAGLE3_INIT_LAYERS)}, got {init_layer!r}")
+    if init_layer == "verifier_last":
+        head.init_layer_from_verifier(verifier.model)
+    head.lm_head.requires_grad_(not bool(option(train, "freeze_lm_head", False)))
+    head.train()
+    top_k = option(train, "feature_top_k", None)
+    targets = TargetSpec(vocab, int(top_k) if top_k else None)
+    cache_dir = option(train, "feature_cache", None)
+    cache = None
+    if cache_dir:
+        open_feature_cache(cache_dir, cache_identity(verifier, data, taps, targets))  # refuse a mismatch now
+
+        def cache() -> FeatureCache:
+            return build_feature_cache(
+                cache_dir,
+                verifier,
+                data,
+                taps,
+                targets,
+                pad_id,
+                batch_size=int(option(train, "feature_batch_size", 8)),
+            )
+
+    metadata = {
+        **head_metadata(verifier, head, vocab_size),
+        "draft_vocab_coverage": round(coverage, 6),
+        "ttt_steps": int(option(train, "ttt_steps", TTT_STEPS)),
+        "loss_decay": float(option(train, "loss_decay", LOSS_DECAY)),
+        "ttt_chain_fraction": float(option(train, "ttt_chain_fraction", 1.0)),
+        "init_layer": init_layer,
+        "feature_top_k": targets.top_k,
+        "feature_cache": str(Path(cache_dir).expanduser()) if cache_dir else None,
+        "data": str(train.data),
+        "data_rows": {split: len(data[split]) for split in data},
+    }
+    count = min(int(option(train, "val_prompts", 0) or 0), len(data["validation"]))
+    val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(count))]
+    module = Eagle3Training(verifier.model, head, train, targets, metadata, val_prompts, eos_ids, pad_id)
+    datamodule = Eagle3DataModule(data, train.batch_size, pad_id, train.seed, train.num_workers, cache)
+    return module, datamodule

@@ -1,0 +1,447 @@
+"""Verifier features for drafter training, computed on the fly or once into a disk cache.
+
+One frozen-verifier pass over a synthetic dataset (``task=synth`` rows) gives, per row,
+
+- ``taps``: the residual stream at chosen verifier layers for every position (the tap convention of
+  ``specbench/drafters/base.py``: tap ``i`` = after ``i`` decoder layers, before the final norm; tap ``L``
+  is the last layer's output before the final norm), and
+- ``targets``: at every position whose next token is a response token, the verifier's next-token logits
+  restricted to a draft vocabulary (all of them, or the top-k), plus whether the verifier's argmax over
+  the *full* vocabulary lies in the draft vocabulary (EAGLE-3 / SpecForge count only those positions).
+
+:func:`verifier_batch` computes them for a padded batch (the on-the-fly path). ``train.feature_cache=DIR``
+stores them once (bf16) so that a training step runs only the drafter; :func:`open_feature_cache` reuses a
+directory only when it was made by the same verifier (name, weights fingerprint, tokenizer hash) from the
+same data, with the requested taps (a superset is fine: an SD² run may read other layers of one cache)
+and the same targets; otherwise it stops with a message naming the difference.
+
+Layout of DIR: ``features.json`` (identity + sizes, written last: a directory without it is rebuilt),
+per split ``{split}-offsets.npy`` (row offsets into tokens and targets), ``{split}-tap{i}.bf16`` (tokens,
+H), ``{split}-target-values.bf16`` (targets, K), ``{split}-target-index.i32`` (top-k only) and
+``{split}-target-in-vocab.u8``. bf16 is stored as its 16 raw bits and read with ``numpy.memmap``, so
+DataLoader workers share the pages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from specbench.drafters.draft_vocab import DraftVocab
+from specbench.models.taps import check_taps, record_states
+
+FORMAT = "specbench-features"
+VERSION = 1
+META_FILE = "features.json"
+SPLITS = ("train", "validation")
+
+
+class FeatureCacheMismatch(ValueError):
+    """A feature cache directory made by another verifier, from other data, or with other settings."""
+
+
+# --- the verifier pass ---------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def verifier_taps(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, taps: Sequence[int]
+) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """({tap: (B, T, H)}, final-normed last hidden state (B, T, H)) of one forward of the verifier's base
+    model (no LM head over every position), recorded as the engine records them
+    (:func:`specbench.models.taps.record_states`)."""
+    taps = check_taps(model, taps, "taps")
+    with record_states(model, taps) as recorded:
+        out = model.base_model(input_ids=input_ids, attention_mask=attention_mask)
+    return dict(recorded.taps), out.last_hidden_state
+
+
+def predict_positions(attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions whose next token exists and is a response token (position t predicts t + 1)."""
+    mask = torch.zeros_like(attention_mask, dtype=torch.bool)
+    mask[:, :-1] = loss_mask[:, 1:].bool() & attention_mask[:, 1:].bool()
+    return mask
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What the targets are: the verifier's logits over ``vocab`` (top ``top_k`` of them, or all)."""
+
+    vocab: DraftVocab
+    top_k: int | None = None
+
+    @property
+    def width(self) -> int:
+        return self.top_k if self.top_k else self.vocab.size
+
+    def identity(self) -> dict:
+        return {
+            "vocab": self.vocab.fingerprint(),
+            "vocab_size": self.vocab.vocab_size,
+            "draft_vocab_size": self.vocab.size,
+            "top_k": self.top_k,
+        }
+
+
+@torch.no_grad()
+def verifier_batch(
+    model: nn.Module, batch: dict[str, torch.Tensor], taps: Sequence[int], targets: TargetSpec | None
+) -> dict[str, torch.Tensor]:
+    """Dense verifier features and targets for a right-padded batch (``input_ids``, ``attention_mask``,
+    ``loss_mask``): ``features`` (B, T, len(taps)·H) in ``taps`` order; with ``targets``: ``predict``
+    (B, T) bool, ``target_values`` (B, T, K) restricted logits (0 off the predict positions),
+    ``target_index`` (B, T, K) draft ids (top-k only) and ``in_vocab`` (B, T) bool."""
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+    states, last = verifier_taps(model, ids, attention, taps)
+    out = {"features": torch.cat([states[t] for t in taps], dim=-1)}
+    if targets is None:
+        return out
+    predict = predict_positions(attention, batch["loss_mask"])
+    vocab = targets.vocab
+    logits = model.get_output_embeddings()(last[predict])[:, : vocab.vocab_size].float()
+    restricted = vocab.restrict(logits)
+    values = restricted
+    index = None
+    if targets.top_k:
+        values, index = torch.topk(restricted, min(targets.top_k, vocab.size), dim=-1)
+    width = values.shape[-1]
+    dense_values = logits.new_zeros((*ids.shape, width))
+    dense_values[predict] = values
+    in_vocab = torch.zeros_like(predict)
+    in_vocab[predict] = vocab.contains(logits.argmax(dim=-1))
+    out.update(predict=predict, target_values=dense_values, in_vocab=in_vocab)
+    if index is not None:
+        dense_index = torch.zeros((*ids.shape, width), dtype=torch.long, device=ids.device)
+        dense_index[predict] = index
+        out["target_index"] = dense_index
+    return out
+
+
+# --- identity ------------------------------------------------------------------------------------------
+
+
+def data_fingerprint(data: Any) -> str:
+    """A hash of every row (input_ids, loss_mask, prompt_len) of every split, in order."""
+    digest = hashlib.sha256()
+    for split in SPLITS:
+        if split not in data:
+            continue
+        digest.update(split.encode())
+        table = data[split]
+        for ids, mask, prompt_len in zip(table["input_ids"], table["loss_mask"], table["prompt_len"]):
+            digest.update(np.asarray(ids, dtype=np.int64).tobytes())
+            digest.update(np.asarray(mask, dtype=np.int8).tobytes())
+            digest.update(int(prompt_len).to_bytes(8, "little"))
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class CacheIdentity:
+    """What a feature cache must match to be reused."""
+
+    verifier: str
+    verifier_weights: str
+    tokenizer_hash: str
+    data: str
+    hidden_size: int
+    taps: tuple[int, ...]
+    targets: dict | None
+
+    def to_dict(self) -> dict:
+        return {
+            "verifier": self.verifier,
+            "verifier_weights": self.verifier_weights,
+            "tokenizer_hash": self.tokenizer_hash,
+            "data": self.data,
+            "hidden_size": self.hidden_size,
+            "taps": list(self.taps),
+            "targets": self.targets,
+        }
+
+
+def cache_identity(
+    verifier: Any, data: Any, taps: Sequence[int], targets: TargetSpec | None
+) -> CacheIdentity:
+    """The identity of a cache of ``verifier`` (a LoadedModel) features over ``data``."""
+    from specbench.drafters.trained import weights_fingerprint
+    from specbench.models.pair import tokenizer_hash
+
+    return CacheIdentity(
+        verifier=verifier.name,
+        verifier_weights=weights_fingerprint(verifier.model),
+        tokenizer_hash=tokenizer_hash(verifier.tokenizer),
+        data=data_fingerprint(data),
+        hidden_size=int(verifier.model.config.hidden_size),
+        taps=tuple(sorted({int(t) for t in taps})),
+        targets=targets.identity() if targets is not None else None,
+    )
+
+
+def check_identity(saved: dict, wanted: CacheIdentity, directory: Path) -> None:
+    """Raise FeatureCacheMismatch unless the cache at ``directory`` (identity ``saved``) serves ``wanted``."""
+    fix = f"point train.feature_cache at another directory (or delete {str(directory)!r} to rebuild it)"
+    for key, what in (
+        ("verifier", "verifier"),
+        ("verifier_weights", "verifier weights"),
+        ("tokenizer_hash", "tokenizer"),
+        ("hidden_size", "verifier hidden size"),
+    ):
+        if saved.get(key) != getattr(wanted, key):
+            raise FeatureCacheMismatch(
+                f"train.feature_cache={str(directory)!r} holds features of another {what} ({key}: cache "
+                f"{saved.get(key)!r} vs now {getattr(wanted, key)!r}); {fix}"
+            )
+    if saved.get("data") != wanted.data:
+        raise FeatureCacheMismatch(
+            f"train.feature_cache={str(directory)!r} was computed from other data (fingerprint "
+            f"{saved.get('data')} vs train.data now {wanted.data}); {fix}"
+        )
+    missing = sorted(set(wanted.taps) - set(saved.get("taps", [])))
+    if missing:
+        raise FeatureCacheMismatch(
+            f"train.feature_cache={str(directory)!r} has taps {saved.get('taps')}, not {missing}; {fix}"
+        )
+    if wanted.targets is not None and saved.get("targets") != wanted.targets:
+        raise FeatureCacheMismatch(
+            f"train.feature_cache={str(directory)!r} holds other targets ({saved.get('targets')} vs now "
+            f"{wanted.targets}: draft vocabulary or train.feature_top_k changed); {fix}"
+        )
+
+
+# --- the cache -----------------------------------------------------------------------------------------
+
+
+def _bf16_bits(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy()
+
+
+def _from_bits(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(array, dtype=np.int16)).view(torch.bfloat16)
+
+
+def _row_sizes(table: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens and target positions (response-predicting positions) of each row."""
+    tokens = np.array([len(ids) for ids in table["input_ids"]], dtype=np.int64)
+    targets = np.array([int(sum(mask[1:])) for mask in table["loss_mask"]], dtype=np.int64)
+    return tokens, targets
+
+
+class FeatureSplit:
+    """Read access to one split of a feature cache: ``row(i)`` gives the cached tensors of row ``i``."""
+
+    def __init__(self, directory: Path, split: str, meta: dict, taps: Sequence[int]):
+        self.directory, self.split, self.meta = Path(directory), split, meta
+        self.taps = tuple(taps)
+        offsets = np.load(self.directory / f"{split}-offsets.npy")
+        self.token_offsets, self.target_offsets = offsets[0], offsets[1]
+        self._maps: dict[str, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_offsets) - 1
+
+    def __getstate__(self) -> dict:  # memmaps are reopened in each DataLoader worker
+        state = dict(self.__dict__)
+        state["_maps"] = None
+        return state
+
+    def _open(self) -> dict[str, np.ndarray]:
+        if self._maps is None:
+            hidden, width = self.meta["hidden_size"], self.meta["target_width"]
+            n_tokens, n_targets = int(self.token_offsets[-1]), int(self.target_offsets[-1])
+            maps = {
+                f"tap{t}": np.memmap(
+                    self.directory / f"{self.split}-tap{t}.bf16", np.int16, "r", shape=(n_tokens, hidden)
+                )
+                for t in self.taps
+            }
+            if self.meta.get("targets"):
+                maps["values"] = np.memmap(
+                    self.directory / f"{self.split}-target-values.bf16",
+                    np.int16,
+                    "r",
+                    shape=(n_targets, width),
+                )
+                maps["in_vocab"] = np.memmap(
+                    self.directory / f"{self.split}-target-in-vocab.u8", np.uint8, "r", shape=(n_targets,)
+                )
+                if self.meta["targets"].get("top_k"):
+                    maps["index"] = np.memmap(
+                        self.directory / f"{self.split}-target-index.i32",
+                        np.int32,
+                        "r",
+                        shape=(n_targets, width),
+                    )
+            self._maps = maps
+        return self._maps
+
+    def row(self, index: int) -> dict[str, torch.Tensor]:
+        maps = self._open()
+        start, end = int(self.token_offsets[index]), int(self.token_offsets[index + 1])
+        out = {"features": torch.cat([_from_bits(maps[f"tap{t}"][start:end]) for t in self.taps], dim=-1)}
+        if "values" in maps:
+            start, end = int(self.target_offsets[index]), int(self.target_offsets[index + 1])
+            out["target_values"] = _from_bits(maps["values"][start:end])
+            out["in_vocab"] = torch.from_numpy(np.array(maps["in_vocab"][start:end], dtype=bool))
+            if "index" in maps:
+                out["target_index"] = torch.from_numpy(np.array(maps["index"][start:end], dtype=np.int64))
+        return out
+
+
+class FeatureCache:
+    """An opened, checked feature cache: one :class:`FeatureSplit` per split."""
+
+    def __init__(self, directory: Path, meta: dict, taps: Sequence[int]):
+        self.directory, self.meta = Path(directory), meta
+        self.splits = {split: FeatureSplit(directory, split, meta, taps) for split in meta["rows"]}
+
+    def __getitem__(self, split: str) -> FeatureSplit:
+        return self.splits[split]
+
+
+def open_feature_cache(
+    directory: str | Path, wanted: CacheIdentity, taps: Sequence[int] | None = None
+) -> FeatureCache | None:
+    """The cache at ``directory`` if it is complete and serves ``wanted``; None if there is none yet.
+    ``taps``: the order rows concatenate their taps in (default: ascending)."""
+    directory = Path(directory).expanduser()
+    meta_path = directory / META_FILE
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise FeatureCacheMismatch(
+            f"{meta_path}: unreadable feature cache metadata ({err}); delete it to rebuild"
+        ) from err
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise FeatureCacheMismatch(
+            f"{meta_path} is not a {FORMAT} v{VERSION} cache; use another train.feature_cache"
+        )
+    check_identity(meta["identity"], wanted, directory)
+    return FeatureCache(directory, meta, taps if taps is not None else wanted.taps)
+
+
+def build_feature_cache(
+    directory: str | Path,
+    verifier: Any,
+    data: Any,
+    taps: Sequence[int],
+    targets: TargetSpec | None,
+    pad_id: int,
+    batch_size: int = 8,
+    log: Callable[[str], None] = print,
+) -> FeatureCache:
+    """Run the verifier once over every row of ``data`` and write the cache (see the module docstring).
+
+    Rows are batched by length (little padding); files are written under ``DIR/.partial`` and moved into
+    place, ``features.json`` last, so an interrupted build leaves no cache that looks complete."""
+    directory = Path(directory).expanduser()
+    requested = tuple(int(t) for t in taps)
+    wanted = cache_identity(verifier, data, requested, targets)
+    existing = open_feature_cache(directory, wanted, requested)
+    if existing is not None:
+        return existing
+    partial = directory / ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    model = verifier.model
+    hidden = int(model.config.hidden_size)
+    taps = wanted.taps
+    width = targets.width if targets is not None else 0
+    rows, started = {}, time.perf_counter()
+    for split in SPLITS:
+        if split not in data:
+            continue
+        table = data[split]
+        tokens, n_targets = _row_sizes(table)
+        offsets = np.stack(
+            [np.concatenate([[0], np.cumsum(tokens)]), np.concatenate([[0], np.cumsum(n_targets)])]
+        )
+        np.save(partial / f"{split}-offsets.npy", offsets)
+        total_tokens, total_targets = int(offsets[0, -1]), int(offsets[1, -1])
+        tap_maps = {
+            t: np.memmap(
+                partial / f"{split}-tap{t}.bf16", np.int16, "w+", shape=(max(total_tokens, 1), hidden)
+            )
+            for t in taps
+        }
+        if targets is not None:
+            shape = (max(total_targets, 1), width)
+            values = np.memmap(partial / f"{split}-target-values.bf16", np.int16, "w+", shape=shape)
+            in_vocab = np.memmap(partial / f"{split}-target-in-vocab.u8", np.uint8, "w+", shape=(shape[0],))
+            index = (
+                np.memmap(partial / f"{split}-target-index.i32", np.int32, "w+", shape=shape)
+                if targets.top_k
+                else None
+            )
+        order = np.argsort(tokens, kind="stable")
+        for first in range(0, len(order), batch_size):
+            chosen = [int(i) for i in order[first : first + batch_size]]
+            batch = _pad_rows([table[i] for i in chosen], pad_id, model.device)
+            out = verifier_batch(model, batch, taps, targets)
+            for slot, row in enumerate(chosen):
+                length = int(tokens[row])
+                start = int(offsets[0, row])
+                for k, t in enumerate(taps):
+                    tap = out["features"][slot, :length, k * hidden : (k + 1) * hidden]
+                    tap_maps[t][start : start + length] = _bf16_bits(tap)
+                if targets is not None:
+                    where = out["predict"][slot]
+                    start, count = int(offsets[1, row]), int(n_targets[row])
+                    if int(where.sum()) != count:
+                        raise RuntimeError(
+                            f"{split} row {row}: {int(where.sum())} target positions, expected {count}"
+                        )
+                    values[start : start + count] = _bf16_bits(out["target_values"][slot][where])
+                    in_vocab[start : start + count] = (
+                        out["in_vocab"][slot][where].cpu().numpy().astype(np.uint8)
+                    )
+                    if index is not None:
+                        index[start : start + count] = (
+                            out["target_index"][slot][where].cpu().numpy().astype(np.int32)
+                        )
+            done = min(first + batch_size, len(order))
+            if done == len(order) or (first // batch_size) % 50 == 0:
+                log(
+                    f"feature cache {split}: {done}/{len(order)} rows ({time.perf_counter() - started:.0f} s)"
+                )
+        for array in [*tap_maps.values(), *((values, in_vocab) if targets is not None else ())]:
+            array.flush()
+        if targets is not None and index is not None:
+            index.flush()
+        rows[split] = {"rows": len(order), "tokens": total_tokens, "targets": total_targets}
+    for path in partial.iterdir():
+        os.replace(path, directory / path.name)
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "identity": wanted.to_dict(),
+        "rows": rows,
+        "hidden_size": hidden,
+        "target_width": width,
+        "targets": targets.identity() if targets else None,
+        "dtype": "bfloat16",
+        "build_seconds": round(time.perf_counter() - started, 1),
+    }
+    (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    partial.rmdir()
+    log(f"feature cache written to {directory} ({meta['build_seconds']} s)")
+    return FeatureCache(directory, meta, requested)
+
+
+def _pad_rows(rows: Iterable[dict], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    from specbench.training.drafter import pad_batch
+
+    batch = pad_batch(list(rows), pad_id)
+    return {k: v.to(device) for k, v in batch.items()}

@@ -1,0 +1,99 @@
+"""Defaults, allowed values and range checks of settings, torch-free and import-light: the one owner of each.
+
+The config schema (``specbench/config/schema.py``) and the library classes (``DraftSchedule``,
+``GenerationSettings``) take their defaults and checks from here, so a bad value reads the same from
+``launch.py`` (before torch is imported) and from Python; the verification rules, ``resolve_device`` /
+``resolve_dtype`` check their own values and tests/test_startup.py holds both to the same verdicts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+SCHEDULES = ("constant", "heuristic", "dynamic", "cost_aware")
+# The defaults of the schedule and generation settings, for the config schema and the library classes alike.
+SCHEDULE_DEFAULTS = {"name": "constant", "gamma": 3, "max_gamma": 16, "confidence_threshold": 0.4}
+GENERATION_DEFAULTS = {"max_new_tokens": 64, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
+POOLS = ("linear", "log_linear")
+EAGLE3_INIT_LAYERS = ("random", "verifier_last")  # train.init_layer
+DEFERRALS = ("chow", "diff", "opt", "token")
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+def check_schedule(
+    name: str, gamma: int, max_gamma: int, confidence_threshold: float, profile: str | None = None
+) -> None:
+    if name not in SCHEDULES:
+        raise ValueError(f"schedule.name must be one of {list(SCHEDULES)}, got {name!r}")
+    if gamma < 1:
+        raise ValueError(f"schedule.gamma must be >= 1, got {gamma}")
+    if max_gamma < gamma:
+        raise ValueError(f"schedule.max_gamma ({max_gamma}) must be >= schedule.gamma ({gamma})")
+    if not 0.0 <= confidence_threshold <= 1.0:
+        raise ValueError(f"schedule.confidence_threshold must be in [0, 1], got {confidence_threshold}")
+
+
+def check_generation(
+    max_new_tokens: int, temperature: float, top_k: int, top_p: float, seed: int = 0
+) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"gen.max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"gen.temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"gen.top_k must be >= 0 (0 = off), got {top_k}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"gen.top_p must be in (0, 1], got {top_p}")
+
+
+def check_rule_params(method: str, params: dict[str, Any]) -> None:
+    """The parameters of a rule-based method (``lossy``, ``static_ensemble``, ``cascade``, ``typical``)."""
+    if method == "lossy":
+        lenience = params["lenience"]
+        if not 0.0 < lenience <= 1.0:
+            raise ValueError(f"method.lenience must be in (0, 1], got {lenience}")
+    elif method == "static_ensemble":
+        weight = params["draft_weight"]
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"method.draft_weight must be in [0, 1], got {weight}")
+        check_pool(params["pool"])
+    elif method == "cascade":
+        deferral, alpha = params["deferral"], params["alpha"]
+        if deferral not in DEFERRALS:
+            raise ValueError(f"method.deferral must be one of {list(DEFERRALS)}, got {deferral!r}")
+        if alpha < 0:
+            raise ValueError(f"method.alpha must be >= 0, got {alpha}")
+        if deferral == "token" and alpha > 1:
+            raise ValueError(f"method.alpha must be in [0, 1] for the token deferral rule, got {alpha}")
+    elif method == "fly":
+        window, threshold, top_k = params["window_size"], params["entropy_threshold"], params["entropy_top_k"]
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"method.window_size must be an integer >= 1 or null, got {window!r}")
+        if threshold < 0:
+            raise ValueError(f"method.entropy_threshold must be >= 0, got {threshold}")
+        if not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"method.entropy_top_k must be an integer >= 1, got {top_k!r}")
+    elif method == "typical":
+        epsilon, delta = params["epsilon"], params["delta"]
+        if not 0.0 < epsilon <= 1.0:
+            raise ValueError(f"method.epsilon must be in (0, 1], got {epsilon}")
+        if delta <= 0:
+            raise ValueError(f"method.delta must be > 0, got {delta}")
+
+
+def check_pool(pool: Any) -> None:
+    if pool not in POOLS:
+        raise ValueError(f"method.pool: unknown pool {pool!r}; allowed: {list(POOLS)}")
+
+
+def check_device(name: str) -> None:
+    """The format of ``runtime.device``; whether CUDA is there is known once torch is imported."""
+    if not _DEVICE.match(str(name).strip().lower()):
+        raise ValueError(f"Unknown device {name!r}: expected one of 'auto', 'cpu', 'cuda', 'cuda:N'.")
+
+
+def check_dtype(name: str) -> None:
+    if str(name).strip().lower().removeprefix("torch.") not in DTYPES:
+        raise ValueError(f"Unknown dtype {name!r}: expected one of {', '.join(map(repr, DTYPES))}.")
