@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.method_names import ALL_METHODS, METHOD_ALIASES, METHOD_PARAMS
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-NOT_PARAMS = ("name", "alias")
+NOT_PARAMS = ("name", "alias", "target", "params")
 
 
 class UnknownMethodError(ValueError):
@@ -50,6 +50,9 @@ def normalize_method(cfg: DictConfig) -> tuple[str, str | None]:
     """Rewrite ``cfg.method`` into its canonical form (see the module doc); returns (canonical, alias)."""
     node = cfg.method
     requested = str(node.name)
+    if node.get("target"):  # a rule named by its class (conf/method/<name>.yaml with target + params)
+        node.alias = None
+        return requested, None
     canonical = canonical_name(requested)
     alias = requested if requested != canonical else node.get("alias")
     if alias is not None and METHOD_ALIASES.get(alias) != canonical:

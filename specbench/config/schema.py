@@ -67,6 +67,8 @@ class MethodConfig:
     window_size: int | None = None  # fly: drafts after a mismatch that must pass sd (null: min(6, drafts - 1))
     entropy_threshold: float | None = None  # fly: verifier top-k entropy (nats) above which a mismatch may defer
     entropy_top_k: int | None = None  # fly
+    target: str | None = None  # a rule from outside the registry: dotted path of a VerificationRule subclass
+    params: dict[str, Any] = field(default_factory=dict)  # its constructor arguments (with ``target``)
     head_checkpoint: str | None = None  # diversed: the trained weight head
     drafter_checkpoint: str | None = None  # distill: the distilled drafter
 

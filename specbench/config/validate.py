@@ -95,6 +95,10 @@ class RunPlan(_OnDevice):
             return VerificationRule()
         if self.method == "diversed":
             return None
+        if self.rule_params.get("target"):
+            from specbench.decoding.methods import build_target_rule
+
+            return _checked("method", build_target_rule, self.rule_params["target"], self.rule_params["params"])
         from specbench.decoding.methods import build_rule
 
         return _checked("method", build_rule, self.method, **self.rule_params)
@@ -444,10 +448,14 @@ def _check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str,
                 "method=eagle3`, relative to the working directory or the project root)"
             )
     factory = _checked("model.drafter", check_drafter_spec, drafter.target, params)
-    if is_deterministic(factory) and method in METHODS and method != "auto":
-        from specbench.decoding.methods import build_rule
+    if is_deterministic(factory) and (method in METHODS or method_cfg.get("target")) and method != "auto":
+        from specbench.decoding.methods import build_rule, build_target_rule
 
-        rule = _checked("method", build_rule, method, **method_cfg)
+        rule = (
+            _checked("method", build_target_rule, method_cfg["target"], method_cfg.get("params"))
+            if method_cfg.get("target")
+            else _checked("method", build_rule, method, **method_cfg)
+        )
         if not rule.accepts_deterministic:
             raise ConfigError(
                 f"method={method} needs the drafter's distribution q, but model.drafter.target={drafter.target!r} "
@@ -474,7 +482,11 @@ def validate(cfg: DictConfig) -> RunPlan:
     method_cfg = {k: v for k, v in method_node.items() if k not in ("name", "alias")}
     steering = _check_steering(cfg.steering)
     checkpoint = None
-    if method in TRAINED_METHODS:
+    if method_cfg.get("target"):
+        from specbench.decoding.methods import build_target_rule  # imports torch, as a plugin drafter does
+
+        _checked("method", build_target_rule, method_cfg["target"], method_cfg.get("params"))
+    elif method in TRAINED_METHODS:
         checkpoint = _check_trained_method(method, method_cfg, steering, cfg)
     elif method in METHODS:
         _checked("method", values.check_rule_params, method, method_cfg)

@@ -22,6 +22,20 @@ RULES: dict[str, type[VerificationRule]] = {
 }
 
 
+def build_target_rule(target: str, params: dict | None = None) -> VerificationRule:
+    """A rule named by its class's dotted path (``method.target``) built with ``method.params``; raises
+    ValueError naming the key for a class that cannot be imported, is not a rule or refuses the params."""
+    from specbench.drafters.build import import_target
+
+    cls = import_target(target, "method.target")
+    if not (isinstance(cls, type) and issubclass(cls, VerificationRule)):
+        raise TypeError(f"method.target={target!r} is not a VerificationRule subclass (specbench.decoding.rules)")
+    try:
+        return cls(**dict(params or {}))
+    except TypeError as err:
+        raise ValueError(f"method.params: {target} {err}") from err
+
+
 def build_rule(name: str, **params) -> VerificationRule | None:
     """The verification rule of a method (None for autoregressive decoding).
 
