@@ -1,4 +1,4 @@
-# Two entry points: `make demo` (set up + default run on the embedded SmolLM2 pair) and `make test`.
+# Two entry points: `make demo` (set up + runs on the embedded SmolLM2 pair) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +11,11 @@ $(BIN)/python:
 setup: $(BIN)/python
 	bash scripts/setup.sh $(VENV)
 
+# The embedded pair with three drafters, each next to autoregressive decoding of the same prompts: the
+# model-free suffix drafter (cost-aware draft length), the committed EAGLE-3 head, the early-exit default.
 demo: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python launch.py model/drafter=suffix schedule=cost_aware
+	HF_HUB_OFFLINE=1 $(BIN)/python launch.py model/drafter=eagle3-smollm2
 	HF_HUB_OFFLINE=1 $(BIN)/python launch.py
 
 test: setup

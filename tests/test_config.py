@@ -44,6 +44,7 @@ def test_expected_options_exist():
     ]
     assert options("model/drafter") == [
         "eagle3",
+        "eagle3-smollm2",
         "early-exit",
         "llama-160m",
         "llama-3.2-1b-instruct",
