@@ -756,3 +756,27 @@ def test_init_layer_from_the_verifier_starts_as_its_last_layer_on_the_highest_ta
         torch.testing.assert_close(dict(head.midlayer.mlp.named_parameters())[name], param)
     torch.testing.assert_close(head.midlayer.hidden_norm.weight, last.input_layernorm.weight)
     assert not torch.equal(head.midlayer.hidden_norm.weight, torch.ones_like(head.midlayer.hidden_norm.weight))
+
+
+@pytest.mark.slow
+def test_the_committed_head_loads_for_the_embedded_verifier_and_decodes_losslessly():
+    from specbench.drafters.eagle3_format import eagle3_drafter
+    from specbench.evaluation import eos_token_ids
+
+    embedded = load_verifier(ModelSpec(kind="embedded"), device="cpu", dtype="float32")
+    vocab = len(embedded.tokenizer)
+    drafter = eagle3_drafter("checkpoints/eagle3-smollm2-135m/trained.pt", embedded, vocab)  # project-relative
+    assert drafter.head.taps == (2, 15, 27) and drafter.head.vocab.size == 8192
+    prompt = embedded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three colours of the rainbow."}], add_generation_prompt=True
+    )
+    ids = prompt if isinstance(prompt, list) else prompt["input_ids"]
+    eos = eos_token_ids(embedded.model, embedded.tokenizer)
+    settings = GenerationSettings(max_new_tokens=24)
+    engine = SpeculativeEngine(embedded.model, drafter, schedule=DraftSchedule("constant", 3), settings=settings,
+                               vocab_size=vocab, eos_token_ids=eos, pad_token_id=eos[0])  # fmt: skip
+    plain = SpeculativeEngine(embedded.model, None, settings=settings, vocab_size=vocab, eos_token_ids=eos,
+                              pad_token_id=eos[0])  # fmt: skip
+    result = engine.generate([list(ids)])[0]
+    assert result.output_ids == plain.generate([list(ids)])[0].output_ids
+    assert sum(r.accepted for r in result.rounds) > 0  # the trained head's drafts are accepted
