@@ -94,12 +94,18 @@ class SyntheticDataModule(L.LightningDataModule):
         self.data, self.batch_size, self.pad_id = data, batch_size, pad_id
         self.seed, self.num_workers = seed, num_workers
 
+    def rows(self, split: str) -> Any:
+        """The dataset one split's loader reads."""
+        return self.data[split].select_columns(["input_ids", "loss_mask", "prompt_len"])
+
+    def collate(self, batch: list[dict]) -> dict[str, torch.Tensor]:
+        return pad_batch(batch, self.pad_id)
+
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        rows = self.data[split].select_columns(["input_ids", "loss_mask", "prompt_len"])
         generator = torch.Generator().manual_seed(self.seed)
         return DataLoader(
-            rows, batch_size=self.batch_size, shuffle=shuffle, generator=generator,
-            num_workers=self.num_workers, collate_fn=lambda batch: pad_batch(batch, self.pad_id),
+            self.rows(split), batch_size=self.batch_size, shuffle=shuffle, generator=generator,
+            num_workers=self.num_workers, collate_fn=self.collate,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -28,10 +28,11 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from specbench.drafters.draft_vocab import DraftVocab, count_response_tokens
 from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head, compact, resolve_taps
+from specbench.training.drafter import SyntheticDataModule
 from specbench.training.features import (
     FeatureCache,
     FeatureSplit,
@@ -201,9 +202,9 @@ def collate(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     return batch
 
 
-class Eagle3DataModule(L.LightningDataModule):
-    """Shuffled (seeded) training rows and in-order validation rows, with the feature cache when one is
-    configured: ``cache`` builds it (once, in ``prepare_data``, i.e. on rank 0) or opens it."""
+class Eagle3DataModule(SyntheticDataModule):
+    """The synth rows of :class:`SyntheticDataModule`, with the feature cache when one is configured:
+    ``cache`` builds it (once, in ``prepare_data``, i.e. on rank 0) or opens it."""
 
     def __init__(
         self,
@@ -214,9 +215,8 @@ class Eagle3DataModule(L.LightningDataModule):
         num_workers: int = 0,
         cache: Callable[[], FeatureCache] | None = None,
     ):
-        super().__init__()
-        self.data, self.batch_size, self.pad_id = data, batch_size, pad_id
-        self.seed, self.num_workers, self._cache = seed, num_workers, cache
+        super().__init__(data, batch_size, pad_id, seed, num_workers)
+        self._cache = cache
         self.features: FeatureCache | None = None
 
     def prepare_data(self) -> None:
@@ -227,23 +227,11 @@ class Eagle3DataModule(L.LightningDataModule):
         if self._cache is not None and self.features is None:
             self.features = self._cache()
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        cached = self.features[split] if self.features is not None else None
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            Eagle3Rows(self.data[split], cached),
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            generator=generator,
-            num_workers=self.num_workers,
-            collate_fn=lambda rows: collate(rows, self.pad_id),
-        )
+    def rows(self, split: str) -> Eagle3Rows:
+        return Eagle3Rows(self.data[split], self.features[split] if self.features is not None else None)
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", shuffle=False)
+    def collate(self, batch: list[dict]) -> dict[str, torch.Tensor]:
+        return collate(batch, self.pad_id)
 
 
 # --- the module -----------------------------------------------------------------------------------------
