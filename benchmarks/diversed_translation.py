@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     from hydra import compose, initialize_config_dir
 
     import specbench.config  # noqa: F401  (registers the schemas)
-    from specbench.data.datasets import dataset_settings, encode_sample, load_dataset_prompts
+    from specbench.data.dataset_config import dataset_settings
+    from specbench.data.datasets import encode_sample, load_dataset_prompts
     from specbench.decoding import DraftSchedule, EnsembleRule, GenerationSettings, VerificationRule
     from specbench.decoding.diversed import load_diversed_rule
     from specbench.evaluation import build_engines, compare

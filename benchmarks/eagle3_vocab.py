@@ -18,11 +18,11 @@ import sys
 
 import torch
 
-from specbench.data.synthetic import load_synthetic
+from specbench.data.synth_dataset import load_synthetic
+from specbench.drafters.draft_vocab import draft_vocab_for
 from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head
 from specbench.evaluation import measure_profile
 from specbench.models import ModelSpec, load_verifier
-from specbench.training.eagle3 import draft_vocab_for
 
 
 def main(argv=None) -> int:

@@ -21,7 +21,10 @@ from pathlib import Path
 
 import torch
 
-from specbench.data.datasets import MT_BENCH_CATEGORIES, encode_messages, in_subset, question_file
+from specbench.data.dataset_sources import question_file
+from specbench.data.dataset_specs import MT_BENCH_CATEGORIES
+from specbench.data.dataset_subsets import in_subset
+from specbench.data.datasets import encode_messages
 from specbench.data.prompts import read_jsonl
 from specbench.decoding import SpeculativeEngine
 
@@ -186,3 +189,14 @@ def format_table(figures: dict[str, dict[str, dict]]) -> str:
             f"{overall['speedup']:>8.2f}x{overall['identical']:>6.0%}"
         )
     return "\n".join(lines)
+
+
+def embedded_verifier(device: str = "cpu", dtype: str = "float32"):
+    """The embedded SmolLM2-135M-Instruct verifier, its EOS ids, pad id and the vocabulary p and q share."""
+    from specbench.evaluation import eos_token_ids, pad_token_id
+    from specbench.models import ModelSpec, load_verifier
+
+    verifier = load_verifier(ModelSpec(kind="embedded"), device, dtype)
+    eos = eos_token_ids(verifier.model, verifier.tokenizer)
+    vocab = min(len(verifier.tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+    return verifier, eos, pad_token_id(verifier.tokenizer, eos), vocab

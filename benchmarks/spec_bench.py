@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specbench.data.datasets import MT_BENCH_CATEGORIES, SPEC_BENCH_CATEGORIES, encode_messages, question_file
+from specbench.data.dataset_sources import question_file
+from specbench.data.dataset_specs import MT_BENCH_CATEGORIES, SPEC_BENCH_CATEGORIES
+from specbench.data.datasets import encode_messages
 from specbench.data.prompts import read_jsonl, subset
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
 from specbench.decoding.methods import build_rule, canonical_method

@@ -17,14 +17,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from specbench.data.synthetic import (
-    FORMAT,
-    FORMAT_VERSION,
-    load_synthetic,
-    rows_path,
-    save_dataset,
-    settings_path,
-)
+from specbench.data.synth_dataset import load_synthetic, save_dataset
+from specbench.data.synth_rows import FORMAT, FORMAT_VERSION, rows_path, settings_path
 
 
 def complete_rows(run_dir: Path, prompts: int | None) -> tuple[list[dict], dict]:

@@ -75,6 +75,14 @@ def pad_token_id(tokenizer: PreTrainedTokenizerBase, eos_ids: Sequence[int]) -> 
     return int(eos_ids[0]) if eos_ids else 0
 
 
+def pair_vocab_size(verifier: LoadedModel, drafter: LoadedModel | Drafter | None) -> int:
+    """The vocabulary p and q are compared over: the verifier's tokenizer (within its LM head), checked
+    against a loaded drafter model's (:func:`shared_vocab_size` raises PairMismatchError)."""
+    if isinstance(drafter, LoadedModel):
+        return shared_vocab_size(verifier.model, drafter.model, verifier.tokenizer, drafter.tokenizer)
+    return min(len(verifier.tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+
+
 def build_engines(
     verifier: LoadedModel,
     drafter: LoadedModel | Drafter | None,
@@ -94,14 +102,13 @@ def build_engines(
     becomes a :class:`CostAwareSchedule` priced by ``profile`` (None: measured now, :func:`measure_profile`).
     """
     tokenizer = verifier.tokenizer
-    vocab = min(len(tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+    vocab = pair_vocab_size(verifier, drafter)
     drafter_impl: Drafter | None = drafter if isinstance(drafter, Drafter) else None
     if isinstance(drafter, LoadedModel):
-        vocab = shared_vocab_size(verifier.model, drafter.model, tokenizer, drafter.tokenizer)
         if steering is not None:
-            drafter_impl = SD2Drafter(steering, vocab, drafter.name)
+            drafter_impl = SD2Drafter(steering, vocab, drafter.name, drafter.draft_vocab)
         else:
-            drafter_impl = ModelDrafter(drafter.model, vocab, drafter.name)
+            drafter_impl = ModelDrafter(drafter.model, vocab, drafter.name, drafter.draft_vocab)
     elif steering is not None:
         raise ValueError("SD² steering needs a model drafter")
     eos = eos_token_ids(verifier.model, tokenizer)
@@ -134,7 +141,8 @@ def measure_profile(
     """Measure v(n) for n = 1..max_n and the drafter's time per drafted token on this machine.
 
     The drafter is timed in real decoding (constant γ = max_n − 1, 32 new tokens) of ``prompts`` (default:
-    the first two bundled demo prompts, so lookup drafters find something to propose).
+    the first two bundled demo prompts, so lookup drafters find something to propose). ``meta`` records its
+    draft vocabulary size (None: the full vocabulary).
     """
     import torch
 
@@ -144,7 +152,8 @@ def measure_profile(
     draft_ms, drafted = 0.0, 0
     if drafter is not None:
         if prompts is None:
-            from specbench.data.datasets import dataset_settings, encode_sample, load_dataset_prompts
+            from specbench.data.dataset_config import dataset_settings
+            from specbench.data.datasets import encode_sample, load_dataset_prompts
 
             demo = load_dataset_prompts(dataset_settings({"name": "demo"}))[:2]
             prompts = [encode_sample(verifier.tokenizer, p, "auto")[0] for p in demo]
@@ -161,7 +170,10 @@ def measure_profile(
         verify_ms, draft_ms, batch_size=1, context_len=context_len, device=str(verifier.model.device),
         dtype=str(verifier.model.dtype).removeprefix("torch."), verifier=verifier.name,
         drafter=getattr(drafter, "name", "none") if drafter is not None else "none",
-        threads=torch.get_num_threads(), meta={"drafted_tokens_timed": drafted, "repeats": repeats},
+        threads=torch.get_num_threads(), meta={
+            "drafted_tokens_timed": drafted, "repeats": repeats,
+            "draft_vocab_size": drafter.describe().get("draft_vocab_size") if drafter is not None else None,
+        },
     )  # fmt: skip
 
 
@@ -297,6 +309,8 @@ def saved_timing(result: SampleResult, batch_rows: int) -> dict:
         stats["draft_weight"] = [r.mean_draft_weight for r in result.rounds]
     if any(r.draft_weights is not None for r in result.rounds):
         stats["draft_weights"] = [r.draft_weights for r in result.rounds]  # per drafted position
+    if all(r.verifier_logp is not None for r in result.rounds):
+        stats["verifier_logp"] = [r.verifier_logp for r in result.rounds]
     return {"wall_time_s": result.wall_time, "batch_rows": batch_rows, "round_stats": stats}
 
 
@@ -308,6 +322,7 @@ def result_from_row(row: dict) -> SampleResult:
     stats = row["round_stats"]
     weights = stats.get("draft_weight") or [None] * len(row["rounds"])
     position_weights = stats.get("draft_weights") or [None] * len(row["rounds"])
+    logps = stats.get("verifier_logp") or [None] * len(row["rounds"])  # absent in rows of older runs
     rounds = [
         RoundRecord(
             drafted=drafted,
@@ -318,8 +333,9 @@ def result_from_row(row: dict) -> SampleResult:
             draft_forwards=forwards,
             mean_draft_weight=weight,
             draft_weights=position_weight,
+            verifier_logp=logp,
         )
-        for (drafted, accepted), emitted, forwards, draft_time, verify_time, weight, position_weight in zip(
+        for (drafted, accepted), emitted, forwards, draft_time, verify_time, weight, position_weight, logp in zip(
             row["rounds"],
             stats["emitted"],
             stats["draft_forwards"],
@@ -327,6 +343,7 @@ def result_from_row(row: dict) -> SampleResult:
             stats["verify_time"],
             weights,
             position_weights,
+            logps,
         )
     ]
     return SampleResult(

@@ -17,6 +17,16 @@ SCHEDULE_DEFAULTS = {"name": "constant", "gamma": 3, "max_gamma": 16, "confidenc
 GENERATION_DEFAULTS = {"max_new_tokens": 64, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
 POOLS = ("linear", "log_linear")
 EAGLE3_INIT_LAYERS = ("random", "verifier_last")  # train.init_layer
+TRAIN_LOSSES = ("kl", "rkl", "tvd")  # train.loss (distill / sd2)
+TOP_K_RKL = (  # train.loss=rkl with top-k targets (p is 0 outside the top-k)
+    "train.loss=rkl needs the verifier's full distribution: with train.feature_top_k it is 0 outside the "
+    "top-k and KL(q||p) is infinite; use train.loss=kl or tvd, or train.feature_top_k=null"
+)
+TRAIN_OFFSETS = ("random", "blocked")  # train.offset
+DIVERSED_REGULARIZERS = ("tv", "l2")  # train.regularizer
+# train.reward (DIVERSED): the dataset's scorer or the verifier's mean log-likelihood of the rollout (REINFORCE),
+# or that likelihood's exact per-token expectation under the pool (expected_verifier_logp: no sampling variance)
+DIVERSED_REWARDS = ("task", "verifier_logp", "expected_verifier_logp")
 DEFERRALS = ("chow", "diff", "opt", "token")
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -81,6 +91,19 @@ def check_rule_params(method: str, params: dict[str, Any]) -> None:
             raise ValueError(f"method.epsilon must be in (0, 1], got {epsilon}")
         if delta <= 0:
             raise ValueError(f"method.delta must be > 0, got {delta}")
+
+
+def check_draft_vocab_size(size: Any, key: str, vocab_size: int | None = None) -> None:
+    """A reduced draft vocabulary's size (null: the full vocabulary); ``vocab_size``: the verifier's, when known."""
+    if size is None:
+        return
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"{key} must be an integer >= 1 or null (the full vocabulary), got {size!r}")
+    if vocab_size is not None and size > vocab_size:
+        raise ValueError(
+            f"{key}={size} exceeds the verifier's vocabulary of {vocab_size} tokens; use at most {vocab_size} "
+            "or null (the full vocabulary)"
+        )
 
 
 def check_pool(pool: Any) -> None:

@@ -9,7 +9,9 @@ from helpers import compose_config
 
 import specbench.config  # noqa: F401  (registers the schemas)
 from specbench.config import ConfigError, validate
-from specbench.data.datasets import dataset_settings, heldout_score, in_subset, load_dataset_prompts
+from specbench.data.dataset_config import dataset_settings
+from specbench.data.dataset_subsets import heldout_score, in_subset
+from specbench.data.datasets import load_dataset_prompts
 
 TINY = ["model/verifier=tiny-random", "model/drafter=tiny-random"]
 

@@ -12,17 +12,10 @@ from omegaconf import OmegaConf
 
 import specbench.config  # noqa: F401  (registers the schemas)
 from specbench.config import ConfigError, DatasetNotFoundError, validate
-from specbench.data.datasets import (
-    MT_BENCH_CATEGORIES,
-    SPECS,
-    DatasetPrompt,
-    DatasetUnavailableError,
-    dataset_settings,
-    encode_messages,
-    encode_sample,
-    load_dataset_prompts,
-    question_file,
-)
+from specbench.data.dataset_config import dataset_settings
+from specbench.data.dataset_sources import DatasetUnavailableError, question_file
+from specbench.data.dataset_specs import MT_BENCH_CATEGORIES, SPECS
+from specbench.data.datasets import DatasetPrompt, encode_messages, encode_sample, load_dataset_prompts
 from specbench.data.fewshot import GSM8K_COT, MBPP_EXEMPLARS
 from specbench.models import byte_tokenizer
 

@@ -38,17 +38,11 @@ from specbench.models.early_exit import early_exit_drafter
 from specbench.models.loading import LoadedModel, ModelSpec
 from specbench.models.tiny import EOS_ID, PAD_ID, byte_tokenizer, tiny_random_model
 from specbench.tracking import NULL_TRACKER
-from specbench.training.diversed import (
-    DiversedModule,
-    RewardSpec,
-    build_diversed_training,
-    pooled_log_prob_and_agreement,
-    regularizer_loss,
-    reinforce_loss,
-    rollout,
-    split_validation,
-    update_baseline,
-)
+from specbench.training.diversed import DiversedModule, build_diversed_training
+from specbench.training.diversed_objective import regularizer_loss, reinforce_loss, update_baseline
+from specbench.training.diversed_rewards import RewardSpec
+from specbench.training.diversed_rollout import pooled_log_prob_and_agreement, rollout
+from specbench.training.prompt_data import split_validation
 from specbench.training.trainer import build_trainer, export_trained, last_checkpoint, read_checkpoint
 
 PROMPTS = [[65], [72, 101, 108], [1, 2, 3, 4, 5, 6], [200, 17, 99, 3, 45, 250, 11, 8, 77]]
@@ -222,6 +216,7 @@ def test_trained_like_head_runs_in_the_engine(kind, schedule, temperature):
                                 **json.loads(json.dumps(saved_timing(r, 8)))}) for r in results]  # fmt: skip
     again = summarize(rebuilt, 1.0)
     assert {k: v for k, v in again.items() if "weight" in k} == {k: v for k, v in metrics.items() if "weight" in k}
+    assert again["verifier_logp"] == pytest.approx(metrics["verifier_logp"])  # and the verifier log-likelihood
 
 
 def test_fresh_rule_for_a_loaded_pair():
@@ -318,10 +313,11 @@ def test_l2_regulariser_moves_the_mean_weight_to_the_target():
 def test_rollout_samples_the_pool_and_carries_the_heads_graph():
     from specbench.decoding.cache import CachedModel
     from specbench.decoding.warping import Warping
+    from specbench.drafters.model import ModelDrafter
 
     vocab = 259
     head = WeightHead(32, 64)
-    ver, dra = CachedModel(verifier_model(), vocab), CachedModel(drafter_model("independent"), vocab)
+    ver, dra = CachedModel(verifier_model(), vocab), ModelDrafter(drafter_model("independent"), vocab)
     out = rollout(head, ver, dra, PROMPTS, 10, Warping(1.0), "linear", (EOS_ID,), PAD_ID, torch.Generator().manual_seed(0))
     assert out.tokens.shape[0] == 4 and out.tokens.shape[1] <= 10
     assert out.log_probs.requires_grad and torch.all(out.log_probs <= 0)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specbench.data.prompts import Prompt
-from specbench.data.synthetic import SynthSettings, load_synthetic, synthesize
+from specbench.data.synth_dataset import load_synthetic
 from specbench.decoding.cache import CachedModel
 from specbench.decoding.drafting import BatchState, DraftSampler
 from specbench.decoding.engine import GenerationSettings, SpeculativeEngine
@@ -36,6 +36,7 @@ from specbench.drafters.eagle3_format import (
 from specbench.models.loading import LoadedModel, ModelSpec, load_verifier
 from specbench.models.pair import CheckpointMismatchError
 from specbench.models.tiny import EOS_ID, PAD_ID, byte_tokenizer, tiny_random_model
+from specbench.pipelines.synthesize import SynthSettings, synthesize
 from specbench.training.eagle3 import (
     build_eagle3_training,
     collate,

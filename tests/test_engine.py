@@ -419,6 +419,32 @@ def test_lossy_rules_run_end_to_end(rule, temperature):
         check_records(result, MAX_NEW, sched)
 
 
+def teacher_forced_logp(arch: str, prompt: list[int], output: list[int]) -> float:
+    """Oracle: the verifier's mean log-likelihood per output token, from one plain forward over prompt + output."""
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logits = verifier(arch)(ids).logits[0, len(prompt) - 1 : -1].float()
+    return float(torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(output).unsqueeze(-1)).mean())
+
+
+@pytest.mark.parametrize("rule", [None, VerificationRule(), EnsembleRule(0.7), LenientRule(0.3)],
+                         ids=["auto", "sd", "static-0.7", "lossy-0.3"])  # fmt: skip
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_recorded_verifier_log_likelihood_is_the_teacher_forced_one(rule, temperature):
+    # Every emitted token (accepted drafts, corrections, bonus tokens, a truncated last round) is counted once,
+    # under the untempered verifier distribution, whatever the rule and batch padding.
+    engine = make_engine("llama", "perturbed" if rule else None, rule, make_schedule("constant", 3),
+                         temperature=temperature, seed=2, max_new_tokens=15)  # fmt: skip
+    results = engine.generate(PROMPTS)
+    for prompt, result in zip(PROMPTS, results):
+        assert result.verifier_logp == pytest.approx(teacher_forced_logp("llama", prompt, result.output_ids), abs=1e-4)
+    from specbench.decoding.metrics import summarize
+
+    tokens = sum(len(r.output_ids) for r in results)
+    pooled = sum(r.verifier_logp * len(r.output_ids) for r in results) / tokens
+    assert summarize(results, 1.0)["verifier_logp"] == pytest.approx(pooled)
+
+
 def test_log_linear_ensemble_with_top_k_sampling_does_not_crash():
     """top-k truncation gives p and q disjoint supports; the log-linear pool is then 0/0 (see test_rules)."""
     engine = make_engine("llama", "independent", EnsembleRule(0.5, "log_linear"), make_schedule("constant", 3),

@@ -45,6 +45,15 @@ PRESETS = {
         "temperature": 1.0,
         "device": "cpu",
     },
+    "cpu-diversed-eagle": {
+        "verifier_kind": "embedded",
+        "drafter_kind": "drafter",
+        "method": "diversed",
+        "gamma": 3,
+        "dataset": "spec_bench",
+        "temperature": 1.0,
+        "device": "cpu",
+    },
     "cpu-sd-demo": {
         "verifier_kind": "embedded",
         "drafter_kind": "early_exit",

@@ -215,7 +215,7 @@ def test_humaneval_canonical_solutions_pass_and_truncations_fail():
 def _humaneval_lines() -> list[str]:
     import gzip
 
-    from specbench.data.datasets import humaneval_file
+    from specbench.data.dataset_sources import humaneval_file
 
     with gzip.open(humaneval_file(), "rt") as handle:
         return [line for line in handle if line.strip()]

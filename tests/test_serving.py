@@ -24,8 +24,9 @@ import pytest
 import torch
 from openai_server import serve
 
-from specbench.data.datasets import dataset_settings, load_dataset_prompts
-from specbench.data.synthetic import SynthSettings, load_synthetic, synthesize
+from specbench.data.dataset_config import dataset_settings
+from specbench.data.datasets import load_dataset_prompts
+from specbench.data.synth_dataset import load_synthetic
 from specbench.decoding.drafting import BatchState, DraftSampler
 from specbench.decoding.schedules import DraftSchedule
 from specbench.decoding.warping import Warping
@@ -35,6 +36,7 @@ from specbench.drafters.prompt_lookup import PromptLookupDrafter
 from specbench.drafters.suffix import SuffixDrafter
 from specbench.models import ModelSpec, load_verifier
 from specbench.models.tiny import EOS_ID, byte_tokenizer, tiny_random_model
+from specbench.pipelines.synthesize import SynthSettings, synthesize
 from specbench.serving.openai_backend import (
     OpenAIBackend,
     ServerSettings,

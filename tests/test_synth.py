@@ -14,23 +14,12 @@ from helpers import compose_config, launch
 import specbench.config  # noqa: F401  (registers the schemas)
 from specbench.config import ConfigError
 from specbench.config.validate import validate_synth
-from specbench.data.datasets import dataset_settings, encode_sample, load_dataset_prompts
-from specbench.data.synthetic import (
-    METADATA_FILE,
-    SynthDataError,
-    SynthSettings,
-    batch_seed,
-    dataset_path,
-    load_synthetic,
-    make_row,
-    plan_batches,
-    read_rows,
-    rows_path,
-    save_dataset,
-    split_rows,
-    synthesize,
-)
+from specbench.data.dataset_config import dataset_settings
+from specbench.data.datasets import encode_sample, load_dataset_prompts
+from specbench.data.synth_dataset import METADATA_FILE, dataset_path, load_synthetic, save_dataset
+from specbench.data.synth_rows import SynthDataError, make_row, read_rows, rows_path, split_rows
 from specbench.models import ModelSpec, load_verifier
+from specbench.pipelines.synthesize import SynthSettings, batch_seed, plan_batches, synthesize
 from specbench.tasks.synth import SynthTask
 
 # Demo prompts encode to 48..67 tokens with the byte tokenizer; "summarize" (184) is skipped.

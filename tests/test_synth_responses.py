@@ -6,16 +6,12 @@ import dataclasses
 
 import pytest
 
-from specbench.data.datasets import dataset_settings, load_dataset_prompts
-from specbench.data.synthetic import (
-    SynthDataError,
-    SynthSettings,
-    load_synthetic,
-    read_rows,
-    rows_path,
-    synthesize,
-)
+from specbench.data.dataset_config import dataset_settings
+from specbench.data.datasets import load_dataset_prompts
+from specbench.data.synth_dataset import load_synthetic
+from specbench.data.synth_rows import SynthDataError, read_rows, rows_path
 from specbench.models import ModelSpec, load_verifier
+from specbench.pipelines.synthesize import SynthSettings, synthesize
 
 SETTINGS = SynthSettings(target_len=88, max_prompt_len=80, batch_size=4, validation_fraction=0.2, seed=7,
                          responses_per_prompt=3, max_new_tokens=12)

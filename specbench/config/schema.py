@@ -109,7 +109,7 @@ class GenConfig:
 
 @dataclass
 class DatasetConfig:
-    """Prompt set and its quality metric (specbench/data/datasets.py; conf/dataset/*.yaml).
+    """Prompt set and its quality metric (specbench/data/dataset_specs.py; conf/dataset/*.yaml).
 
     ``None`` values take the dataset's own (HF id, config, split, reference field, metric, few-shot).
     """
@@ -215,6 +215,10 @@ class TrainConfig:
     baseline_ema: float = 0.9  # EMA of the reward baseline b
     regularizer: str = "tv"  # tv: -lambda * mean(1 - TV(q, pi)) | l2: (mean w_draft - target_weight)^2
     regularizer_weight: float = 0.1
+    # task: the dataset's per-sample scorer | verifier_logp: the verifier's mean log-likelihood per rollout token
+    # (REINFORCE) | expected_verifier_logp: its exact per-token expectation under the pool (differentiable)
+    reward: str = "task"
+    reward_weight: float = 1.0  # scale of the REINFORCE term (0: the regulariser alone)
     target_weight: float = 0.5  # l2 regulariser target draft weight
     # EAGLE-3 head (method=eagle3; docs/eagle3.md)
     draft_vocab_size: int | None = 8192  # most frequent response tokens of train.data (None: whole vocabulary)
@@ -224,6 +228,7 @@ class TrainConfig:
     ttt_chain_fraction: float = 1.0  # share of chains unrolled past step 0 (anchored TTT; 1: all)
     freeze_lm_head: bool = False  # keep the head's LM head at the verifier's rows
     init_layer: str = "random"  # random | verifier_last: the decoder layer starts as the verifier's last one
+    # The verifier-feature cache (eagle3, distill, sd2; docs/training.md, docs/eagle3.md)
     feature_cache: str | None = None  # DIR: verifier taps + targets computed once, shared by trainings
     feature_top_k: int | None = None  # targets: top-k of the verifier's draft-vocabulary distribution (None: all)
     feature_batch_size: int = 8  # rows per verifier forward when the cache is built

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from specbench import values
+from specbench.config.draft_vocab import check_draft_vocab, trained_vocab_spec
 from specbench.config.methods import UnknownMethodError, normalize_method
-from specbench.data.datasets import DatasetUnavailableError, check_source, dataset_settings
+from specbench.data.dataset_config import dataset_settings
+from specbench.data.dataset_sources import DatasetUnavailableError, check_source
 from specbench.errors import ConfigError, DatasetNotFoundError
 from specbench.method_names import METHODS
 from specbench.models.checkpoints import read_checkpoint_metadata
@@ -406,6 +408,7 @@ def _verifier_spec(cfg: DictConfig) -> ModelSpec:
             f"model.verifier.kind={verifier.kind!r} is only valid for a drafter; allowed: {list(VERIFIER_KINDS)}"
         )
     _check_source(verifier, "model.verifier")
+    check_draft_vocab(verifier, "model.verifier", None)
     return verifier
 
 
@@ -417,7 +420,7 @@ def _check_shards(num_shards: int, shard_id: int) -> None:
 
 
 # Methods that decode with a transformers-model drafter (the trained part is a model or steers one).
-MODEL_DRAFTER_METHODS = ("sd2", "distill", "diversed")
+MODEL_DRAFTER_METHODS = ("sd2", "distill")
 
 
 def _check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str, Any]) -> None:
@@ -448,6 +451,12 @@ def _check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str,
                 "method=eagle3`, relative to the working directory or the project root)"
             )
     factory = _checked("model.drafter", check_drafter_spec, drafter.target, params)
+    if method == "diversed" and is_deterministic(factory):
+        raise ConfigError(
+            f"method=diversed pools the drafter's distribution q and reads its hidden states, but "
+            f"model.drafter.target={drafter.target!r} proposes tokens without either; use a model drafter or an "
+            "EAGLE-3 head (model/drafter=eagle3-smollm2)"
+        )
     if is_deterministic(factory) and (method in METHODS or method_cfg.get("target")) and method != "auto":
         from specbench.decoding.methods import build_rule, build_target_rule
 
@@ -510,6 +519,9 @@ def validate(cfg: DictConfig) -> RunPlan:
                 "(e.g. model/drafter=early-exit) or use method=auto for autoregressive decoding"
             )
         _check_source(drafter, "model.drafter")
+        if method in ("distill", "sd2"):
+            drafter = trained_vocab_spec(drafter, checkpoint, TRAINED_METHODS[method][0])
+        check_draft_vocab(drafter, "model.drafter", verifier)
         if drafter.kind == "drafter":
             _check_plugin_drafter(drafter, method, method_cfg)
         elif method == "eagle3":
@@ -531,9 +543,6 @@ def validate(cfg: DictConfig) -> RunPlan:
     )
 
 
-TRAIN_LOSSES = ("kl", "rkl", "tvd")
-TRAIN_OFFSETS = ("random", "blocked")
-REGULARIZERS = ("tv", "l2")
 
 
 def _check_train_values(train: dict[str, Any]) -> None:
@@ -543,14 +552,15 @@ def _check_train_values(train: dict[str, Any]) -> None:
         if train[key] < 1:
             raise ConfigError(f"train.{key} must be >= 1, got {train[key]}")
     for key in ("warmup_steps", "val_batches", "val_prompts", "num_workers", "weight_decay", "grad_clip",
-                "lr_end", "regularizer_weight", "rollout_temperature"):
+                "lr_end", "regularizer_weight", "reward_weight", "rollout_temperature"):
         if train[key] < 0:
             raise ConfigError(f"train.{key} must be >= 0, got {train[key]}")
     if train["lr_start"] <= 0:
         raise ConfigError(f"train.lr_start must be > 0, got {train['lr_start']}")
     if train["lr_end"] > train["lr_start"]:
         raise ConfigError(f"train.lr_end ({train['lr_end']}) must be <= train.lr_start ({train['lr_start']})")
-    for key, allowed in (("loss", TRAIN_LOSSES), ("offset", TRAIN_OFFSETS), ("regularizer", REGULARIZERS)):
+    for key, allowed in (("loss", values.TRAIN_LOSSES), ("offset", values.TRAIN_OFFSETS),
+                         ("regularizer", values.DIVERSED_REGULARIZERS), ("reward", values.DIVERSED_REWARDS)):
         if train[key] not in allowed:
             raise ConfigError(f"train.{key}: unknown {train[key]!r}; allowed: {list(allowed)}")
     if not 0.0 <= train["baseline_ema"] < 1.0:
@@ -603,11 +613,12 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
         _check_dataset(cfg.dataset)
         _check_scoring(cfg.scoring)
         metric = dataset_settings(cfg.dataset).metric or "none"
-        if metric == "none":
+        if metric == "none" and cfg.train.reward == "task":
             raise ConfigError(
                 f"dataset.metric: DIVERSED training needs a per-sample reward, but dataset={cfg.dataset.name} "
                 "has metric 'none'; use a dataset with references (cnndm, xsum, wmt, gsm8k, humaneval, mbpp, "
-                "spec_bench translation/math_reasoning) or set dataset.metric"
+                "spec_bench translation/math_reasoning), set dataset.metric, or train on the verifier's "
+                "likelihood (train.reward=verifier_logp)"
             )
     device, dtype = _check_runtime(cfg)
     verifier = _verifier_spec(cfg)
@@ -615,7 +626,20 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
     if drafter.kind == "none":
         raise ConfigError(f"task=train method={method} trains with a drafter; model.drafter.kind is 'none'")
     _check_source(drafter, "model.drafter")
-    if method != "eagle3" and drafter.kind == "drafter":
+    if method in ("sd2", "distill"):
+        check_draft_vocab(drafter, "model.drafter", verifier)  # trains over it (docs/draft-vocab.md)
+        _check_feature_keys(train)
+        if train["feature_top_k"] is not None and train["loss"] == "rkl":
+            raise ConfigError(values.TOP_K_RKL)
+    elif drafter.draft_vocab_size is not None or drafter.draft_vocab is not None:
+        raise ConfigError(
+            "model.drafter.draft_vocab_size / draft_vocab reduce a model drafter's vocabulary (task=train "
+            f"method=distill|sd2 trains over it); method={method} does not (EAGLE-3: train.draft_vocab_size): "
+            "drop them here"
+        )
+    if method == "diversed" and drafter.kind == "drafter":
+        _check_plugin_drafter(drafter, method, OmegaConf.to_container(cfg.method, resolve=True))
+    elif method != "eagle3" and drafter.kind == "drafter":
         raise ConfigError(
             f"task=train method={method} trains a transformers-model drafter; model.drafter.target="
             f"{drafter.target!r} is not one (pick e.g. model/drafter=early-exit)"
@@ -640,15 +664,21 @@ def _check_eagle3_training(cfg: DictConfig, train: dict[str, Any]) -> None:
         raise ConfigError(f"train.ttt_chain_fraction must be in (0, 1], got {train['ttt_chain_fraction']}")
     if not 0.0 < train["loss_decay"] <= 1.0:
         raise ConfigError(f"train.loss_decay must be in (0, 1], got {train['loss_decay']}")
-    for key in ("feature_top_k", "draft_vocab_size"):
-        if train[key] is not None and train[key] < 1:
-            raise ConfigError(f"train.{key} must be >= 1 or null, got {train[key]}")
-    if train["feature_batch_size"] < 1:
-        raise ConfigError(f"train.feature_batch_size must be >= 1, got {train['feature_batch_size']}")
+    if train["draft_vocab_size"] is not None and train["draft_vocab_size"] < 1:
+        raise ConfigError(f"train.draft_vocab_size must be >= 1 or null, got {train['draft_vocab_size']}")
+    _check_feature_keys(train)
     if train["init_layer"] not in values.EAGLE3_INIT_LAYERS:
         raise ConfigError(
             f"train.init_layer must be one of {list(values.EAGLE3_INIT_LAYERS)}, got {train['init_layer']!r}"
         )
+
+
+def _check_feature_keys(train: dict[str, Any]) -> None:
+    """train.feature_top_k / feature_batch_size (the verifier-feature cache and its targets)."""
+    if train["feature_top_k"] is not None and train["feature_top_k"] < 1:
+        raise ConfigError(f"train.feature_top_k must be >= 1 or null, got {train['feature_top_k']}")
+    if train["feature_batch_size"] < 1:
+        raise ConfigError(f"train.feature_batch_size must be >= 1, got {train['feature_batch_size']}")
 
 
 def validate_synth(cfg: DictConfig) -> RunPlan:
@@ -657,7 +687,7 @@ def validate_synth(cfg: DictConfig) -> RunPlan:
     The plan samples from the verifier alone (method ``auto``, no drafter); ``settings.max_new_tokens``
     is the most a row can get (``synth.target_len - 1``). Raises ConfigError naming the bad key.
     """
-    from specbench.data.synthetic import SynthSettings
+    from specbench.pipelines.synthesize import SynthSettings
 
     synth = _checked("synth", SynthSettings.from_config, cfg.synth)
     gen = {

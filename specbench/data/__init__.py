@@ -1,20 +1,10 @@
-"""Prompt datasets (the ``dataset`` config group), prompt templates and few-shot exemplars."""
+"""Prompt datasets (the ``dataset`` config group), prompt templates, few-shot exemplars and the format
+of synthetic training data (``synth_rows``, ``synth_dataset``); nothing here runs the engine."""
 
-from specbench.data.datasets import (
-    DATASET_NAMES,
-    FORMATS,
-    SPECS,
-    DatasetPrompt,
-    DatasetSettings,
-    DatasetSpec,
-    DatasetUnavailableError,
-    check_source,
-    dataset_settings,
-    encode_messages,
-    encode_sample,
-    load_dataset_prompts,
-    question_file,
-)
+from specbench.data.dataset_config import DatasetSettings, dataset_settings
+from specbench.data.dataset_sources import DatasetUnavailableError, check_source, question_file
+from specbench.data.dataset_specs import DATASET_NAMES, FORMATS, SPECS, DatasetSpec
+from specbench.data.datasets import DatasetPrompt, encode_messages, encode_sample, load_dataset_prompts
 from specbench.data.prompts import (
     DATASETS,
     Prompt,

@@ -6,11 +6,15 @@ rejected drafts are invalid slots, masked out of attention and skipped by the pe
 After a round ``keep(counts)`` invalidates everything past each row's committed length, crops the
 columns no row uses and, when rows have holes, re-aligns them to the right so that no rejected token
 stays in the attended context or wastes attention compute.
+
+A caller that needs only some logits (a model drafter over a reduced draft vocabulary) passes its own
+``lm_head``: the model's body then runs without the model's LM head, and ``lm_head`` turns the final-normed
+last hidden state into the logits it wants.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -21,17 +25,28 @@ from specbench.models.taps import record_states
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # (B, W, vocab) float32, sliced to the shared vocabulary
+    logits: torch.Tensor  # (B, W, vocab) float32, sliced to the shared vocabulary (or what ``lm_head`` gives)
     hidden: torch.Tensor | None  # (B, W, H) last hidden state: the LM head's input (final-normed)
     taps: dict[int, torch.Tensor] = field(default_factory=dict)  # residual-stream taps (specbench.models.taps)
 
 
 class CachedModel:
-    """A causal LM with its own KV cache and per-row slot validity."""
+    """A causal LM with its own KV cache and per-row slot validity.
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int):
+    ``lm_head``: None runs the whole model (logits sliced to ``vocab_size`` columns); a callable runs only
+    the model's body (``model.base_model``, whose output is the final-normed last hidden state) and
+    ``lm_head(hidden (B, W, H))`` gives the logits (``vocab_size`` is then the width it returns).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        vocab_size: int,
+        lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.model = model
         self.vocab_size = vocab_size
+        self.lm_head = lm_head
         self.device = next(model.parameters()).device
         self.cache: DynamicCache | None = None
         self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
@@ -64,19 +79,17 @@ class CachedModel:
         positions = self.num_valid.unsqueeze(1) + input_valid.long().cumsum(dim=1) - 1
         positions = positions.clamp(min=0)
         attention = torch.cat([self.valid, input_valid], dim=1).long()
-        with record_states(self.model, output_taps, output_hidden) as states:
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention,
-                position_ids=positions,
-                cache=self.cache,
-                use_cache=True,
-                **model_inputs,
-            )
+        inputs = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions}
+        with record_states(self.model, output_taps, output_hidden and self.lm_head is None) as states:
+            if self.lm_head is None:
+                out = self.model(**inputs, cache=self.cache, use_cache=True, **model_inputs)
+                logits, hidden = out.logits[..., : self.vocab_size], states.last
+            else:  # the body only: its output is the LM head's input
+                body = self.model.base_model(**inputs, cache=self.cache, use_cache=True, **model_inputs)
+                hidden = body.last_hidden_state
+                logits = self.lm_head(hidden)
         self.valid = torch.cat([self.valid, input_valid], dim=1)
-        return ForwardOutput(
-            logits=out.logits[..., : self.vocab_size].float(), hidden=states.last, taps=states.taps
-        )
+        return ForwardOutput(logits=logits.float(), hidden=hidden if output_hidden else None, taps=states.taps)
 
     def keep(self, counts: torch.Tensor) -> None:
         """Keep only the first ``counts[b]`` cached tokens of each row; drop the rest from attention."""

@@ -108,7 +108,9 @@ class CostProfile:
         lines = [f"{'n':>3} {'verify ms':>10} {'v(n)':>6}"]
         for n in range(1, self.max_n + 1):
             lines.append(f"{n:>3} {self.verify_ms[n - 1]:>10.2f} {self.v(n):>6.3f}")
-        lines.append(f"drafter: {self.draft_ms:.3f} ms per drafted token, c = {self.c:.4f}")
+        vocab = self.meta.get("draft_vocab_size")
+        over = f", draft vocabulary {vocab}" if vocab else ""
+        lines.append(f"drafter: {self.draft_ms:.3f} ms per drafted token, c = {self.c:.4f}{over}")
         return "\n".join(lines)
 
 

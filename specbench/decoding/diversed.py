@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from specbench.decoding.rules import EnsembleRule
+from specbench.drafters.base import Drafter
 from specbench.models.loading import LoadedModel
 from specbench.models.pair import CheckpointMismatchError, metadata_differences, tokenizer_hash
 
@@ -128,8 +129,15 @@ class DiversedRule(EnsembleRule):
 # -- checkpoints -------------------------------------------------------------------------------------------
 
 
-def hidden_size(model: LoadedModel) -> int:
-    """Width of the model's last hidden state (the head's input)."""
+def hidden_size(model: LoadedModel | Drafter) -> int:
+    """Width of the model's last hidden state (the head's input); a drafter object says it itself."""
+    if isinstance(model, Drafter):
+        if model.hidden_size is None:
+            raise ValueError(
+                f"DIVERSED reads the drafter's hidden states, which drafter {model.name!r} does not have; use a "
+                "model drafter or an EAGLE-3 head"
+            )
+        return int(model.hidden_size)
     config = model.model.config
     size = getattr(config, "hidden_size", None)
     if size is None and hasattr(config, "get_text_config"):
@@ -139,7 +147,7 @@ def hidden_size(model: LoadedModel) -> int:
     return int(size)
 
 
-def pair_metadata(verifier: LoadedModel, drafter: LoadedModel, pool: str = "linear") -> dict[str, Any]:
+def pair_metadata(verifier: LoadedModel, drafter: LoadedModel | Drafter, pool: str = "linear") -> dict[str, Any]:
     """What identifies the pair a head is made for, as stored in its checkpoint."""
     return {
         "method": METHOD,
@@ -193,7 +201,7 @@ def head_state(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def fresh_diversed_rule(
-    verifier: LoadedModel, drafter: LoadedModel, pool: str = "linear", seed: int = 0
+    verifier: LoadedModel, drafter: LoadedModel | Drafter, pool: str = "linear", seed: int = 0
 ) -> DiversedRule:
     """An untrained rule for the pair (w = 0.5 everywhere), on the verifier's device."""
     head = WeightHead(hidden_size(drafter), hidden_size(verifier), seed=seed).to(verifier.model.device)
@@ -201,7 +209,7 @@ def fresh_diversed_rule(
 
 
 def load_diversed_rule(
-    path: str | Path, verifier: LoadedModel, drafter: LoadedModel, pool: str = "linear"
+    path: str | Path, verifier: LoadedModel, drafter: LoadedModel | Drafter, pool: str = "linear"
 ) -> DiversedRule:
     """The trained head of ``path`` (trained.pt or a Lightning .ckpt) as a rule for this pair.
 

@@ -52,6 +52,7 @@ class RoundRecord:
     draft_forwards: int
     mean_draft_weight: float | None = None
     draft_weights: list[float] | None = None  # per drafted position (ensemble rules with learned weights)
+    verifier_logp: float | None = None  # Σ log p_verifier(y) over the emitted tokens (untempered p)
 
 
 @dataclass
@@ -69,6 +70,13 @@ class SampleResult:
     @property
     def tokens_per_s(self) -> float:
         return len(self.output_ids) / self.wall_time if self.wall_time > 0 else 0.0
+
+    @property
+    def verifier_logp(self) -> float | None:
+        """Mean log-likelihood per output token under the verifier's own (untempered) distribution."""
+        if not self.output_ids or any(r.verifier_logp is None for r in self.rounds):
+            return None
+        return sum(r.verifier_logp for r in self.rounds) / len(self.output_ids)
 
 
 class _Clock:
@@ -109,6 +117,17 @@ def check_pair(verifier: PreTrainedModel, drafter: Drafter | PreTrainedModel | N
                 f"specbench.models.pair.shared_vocab_size) or use a drafter with the verifier's tokenizer"
             )
     return vocab
+
+
+def emitted_log_likelihoods(
+    logits: torch.Tensor, drafts: torch.Tensor, accepted: torch.Tensor, next_token: torch.Tensor
+) -> torch.Tensor:
+    """(B, γ+1) log p(y_j) of the tokens a round emits, under the verifier's untempered distribution: column
+    j < accepted[b] is draft j, column accepted[b] the correction/bonus token (later columns: unused)."""
+    columns = torch.arange(logits.shape[1], device=logits.device).unsqueeze(0)
+    padded = torch.cat([drafts, torch.zeros_like(next_token).unsqueeze(1)], dim=1)
+    emitted = torch.where(columns == accepted.unsqueeze(1), next_token.unsqueeze(1), padded)
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, emitted.unsqueeze(-1)).squeeze(-1)
 
 
 class SpeculativeEngine:
@@ -230,17 +249,19 @@ class SpeculativeEngine:
         verdict = verify_round(
             self.rule, p, proposal.q, drafts, draft_lens, self.warping.greedy, self.generator, weights
         )
+        logp = emitted_log_likelihoods(out.logits, drafts, verdict.accepted, verdict.next_token)
         t2 = self.clock.now()
         if self.drafter is not None:
             self.schedule.observe(proposal, verdict.accepted)
-        self._commit(state, results, proposal, verdict.accepted, verdict.next_token, weights, view,
+        self._commit(state, results, proposal, verdict.accepted, verdict.next_token, weights, view, logp,
                      draft_time=t1 - t0, verify_time=t2 - t1, draft_forwards=proposal.forwards)
 
-    def _commit(self, state, results, proposal, accepted, next_token, weights, view, **timing) -> None:
+    def _commit(self, state, results, proposal, accepted, next_token, weights, view, logp, **timing) -> None:
         max_new = self.settings.max_new_tokens
         finished = torch.zeros(state.size, dtype=torch.bool)
         new_rows = []
         accepted_list, lens_list = accepted.tolist(), proposal.lengths.tolist()
+        logp_list = logp.tolist()
         drafts_list, next_list = proposal.tokens.tolist(), next_token.tolist()
         for row in range(state.size):
             n = accepted_list[row]
@@ -259,7 +280,8 @@ class SpeculativeEngine:
                 mean_weight = sum(row_weights) / len(row_weights)
             result.rounds.append(RoundRecord(
                 drafted=lens_list[row], accepted=kept_drafts, emitted=len(emitted),
-                mean_draft_weight=mean_weight, draft_weights=row_weights, **timing,
+                mean_draft_weight=mean_weight, draft_weights=row_weights,
+                verifier_logp=sum(logp_list[row][: len(emitted)]), **timing,
             ))
             result.output_ids.extend(emitted)
             finished[row] = eos_at is not None or len(result.output_ids) >= max_new

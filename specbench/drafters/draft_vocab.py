@@ -9,6 +9,9 @@ the order rows are read). Maps, in the SpecForge / vLLM convention:
 - ``d2t`` (size,) offsets: draft id ``i`` is target id ``i + d2t[i]`` (target ids ascending);
 - ``t2d`` (vocab_size,) bool: whether a target id is in the draft vocabulary.
 
+Sources (:func:`load_draft_vocab`): a ``task=synth`` output (counted with :func:`draft_vocab_for`, as
+``task=train method=eagle3`` does) or the vocabulary a trained EAGLE-3 head saved in its checkpoint.
+
 Exactness: :meth:`DraftVocab.expand_logits` puts ``-inf`` on every target id outside the draft
 vocabulary, so any warping of the result gives q = 0 there (and :meth:`expand_probs` writes exact
 zeros); a token the drafter cannot propose then has q = 0 and the ``sd`` rule stays exact.
@@ -19,6 +22,8 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -189,3 +194,99 @@ def count_response_tokens(rows: Iterable[tuple[Sequence[int], Sequence[int]]]) -
             raise ValueError(f"a row has {len(ids)} input_ids but {len(mask)} loss_mask entries")
         counts.update(t for t, m in zip(ids, mask) if m)
     return counts
+
+
+def draft_vocab_for(
+    data: Any, draft_vocab_size: int | None, vocab_size: int, key: str = "train.draft_vocab_size"
+) -> tuple[DraftVocab, float]:
+    """The draft vocabulary of a synthetic dataset's training split (``data``: the DatasetDict of
+    ``load_synthetic``; None: the full vocabulary) and the share of its response tokens it covers."""
+    counts = count_response_tokens(zip(data["train"]["input_ids"], data["train"]["loss_mask"]))
+    if draft_vocab_size is None or int(draft_vocab_size) == vocab_size:
+        vocab = DraftVocab.full(vocab_size)
+    else:
+        if not 1 <= int(draft_vocab_size) <= vocab_size:
+            raise ValueError(
+                f"{key} must be in [1, {vocab_size}] (the verifier vocabulary) or null (the full vocabulary), "
+                f"got {draft_vocab_size}"
+            )
+        vocab = DraftVocab.from_counts(counts, int(draft_vocab_size), vocab_size)
+    return vocab, vocab.coverage(counts)
+
+
+def vocab_metadata(vocab: DraftVocab) -> dict[str, Any]:
+    """What a trained checkpoint records of the draft vocabulary it learned over (read back by
+    :func:`saved_draft_vocab`)."""
+    return {
+        "draft_vocab_size": vocab.size,
+        "draft_vocab_ids": vocab.draft_ids.tolist(),
+        "draft_vocab_fingerprint": vocab.fingerprint(),
+    }
+
+
+def saved_draft_vocab(metadata: Mapping[str, Any], vocab_size: int, tokenizer_hash: str, where: str) -> DraftVocab:
+    """The draft vocabulary a checkpoint's metadata holds (``draft_vocab_ids``: an EAGLE-3 head of
+    ``task=train method=eagle3``, a drafter trained over a draft vocabulary by ``method=distill|sd2``),
+    refused when it was built for another tokenizer or vocabulary size."""
+    if "draft_vocab_ids" not in metadata:
+        raise ValueError(
+            f"{where} holds no draft vocabulary (no draft_vocab_ids; method={metadata.get('method')!r}): pass "
+            "the trained.pt of `task=train method=eagle3` or a task=synth output dir"
+        )
+    saved = {"tokenizer_hash": metadata.get("tokenizer_hash"), "vocab_size": metadata.get("vocab_size")}
+    now = {"tokenizer_hash": tokenizer_hash, "vocab_size": vocab_size}
+    if any(saved[k] is not None and saved[k] != now[k] for k in saved):
+        raise ValueError(
+            f"{where} holds a draft vocabulary built for another tokenizer (tokenizer hash "
+            f"{saved['tokenizer_hash']}, vocabulary {saved['vocab_size']}) than the verifier's (hash "
+            f"{tokenizer_hash}, vocabulary {vocab_size}); build one from this verifier's task=synth data"
+        )
+    vocab = DraftVocab(metadata["draft_vocab_ids"], vocab_size)
+    fingerprint = metadata.get("draft_vocab_fingerprint")
+    if fingerprint is not None and fingerprint != vocab.fingerprint():
+        raise ValueError(f"{where}: draft_vocab_ids do not match its draft_vocab_fingerprint (a corrupt file)")
+    return vocab
+
+
+def load_draft_vocab(
+    source: str,
+    draft_vocab_size: int | None,
+    vocab_size: int,
+    tokenizer_hash: str,
+    key: str = "model.drafter",
+) -> tuple[DraftVocab, dict[str, Any]]:
+    """A model drafter's draft vocabulary (``{key}.draft_vocab`` / ``{key}.draft_vocab_size``) and what
+    describes it (size, source, coverage of the source's response tokens when known).
+
+    ``source``: a checkpoint file holding a saved vocabulary (:func:`saved_draft_vocab`; its size, which
+    ``draft_vocab_size`` must equal when set), or ``task=synth`` output dir(s), comma separated, whose
+    ``draft_vocab_size`` most frequent response tokens are kept (:func:`draft_vocab_for`). Relative paths
+    that do not exist from the working directory are read from the project root. ``vocab_size`` and
+    ``tokenizer_hash``: the verifier's shared vocabulary and tokenizer, which the source must have."""
+    from specbench.models.checkpoints import read_checkpoint_metadata, resolve_project_path
+
+    where = f"{key}.draft_vocab={source!r}"
+    path = Path(resolve_project_path(source))
+    if path.is_file():
+        metadata = read_checkpoint_metadata(path)
+        vocab = saved_draft_vocab(metadata, vocab_size, tokenizer_hash, where)
+        if draft_vocab_size is not None and int(draft_vocab_size) != vocab.size:
+            raise ValueError(
+                f"{key}.draft_vocab_size={draft_vocab_size} but {where} holds a vocabulary of {vocab.size} "
+                f"tokens; set {key}.draft_vocab_size={vocab.size} or null"
+            )
+        coverage = metadata.get("draft_vocab_coverage")
+    else:
+        from specbench.data.synth_dataset import load_synthetic
+
+        if draft_vocab_size is None:
+            raise ValueError(f"{key}.draft_vocab_size is null: set how many tokens to keep from {where}")
+        data, meta = load_synthetic(source)
+        if meta.get("tokenizer_hash") not in (None, tokenizer_hash):
+            raise ValueError(
+                f"{where} was tokenized with another tokenizer (hash {meta['tokenizer_hash']}) than the "
+                f"verifier's ({tokenizer_hash}); count from task=synth data of this verifier"
+            )
+        vocab, coverage = draft_vocab_for(data, draft_vocab_size, vocab_size, f"{key}.draft_vocab_size")
+    info = {"draft_vocab_size": vocab.size, "draft_vocab": str(source), "draft_vocab_coverage": coverage}
+    return vocab, info

@@ -32,6 +32,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specbench.drafters.draft_vocab import DraftVocab
 from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head, default_taps, resolve_taps
+from specbench.models.checkpoints import resolve_project_path
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -381,18 +382,8 @@ def compact_checkpoint(source: str | Path, out: str | Path, dtype: torch.dtype =
     return out
 
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINT_SUFFIXES = (".pt", ".ckpt", ".safetensors")
-
-
-def resolve_head_path(path: str) -> str:
-    """``path`` as given when it exists (or is a hub id); a relative path that does not exist from the
-    working directory is read from the project root (the committed heads under ``checkpoints/``)."""
-    given = Path(str(path)).expanduser()
-    if given.is_absolute() or given.exists():
-        return str(given)
-    in_project = PROJECT_ROOT / given
-    return str(in_project) if in_project.exists() else str(path)
+resolve_head_path = resolve_project_path  # the committed heads under checkpoints/ load from anywhere
 
 
 def looks_like_file(path: str) -> bool:

@@ -15,13 +15,20 @@ import torch
 from specbench.decoding.cache import ForwardOutput
 from specbench.decoding.drafting import BatchState
 from specbench.drafters.base import VerifierNeeds, VerifierView
+from specbench.drafters.draft_vocab import DraftVocab
 from specbench.drafters.model import ModelDrafter
 from specbench.drafters.steering import SteeredDrafter
 
 
 class SD2Drafter(ModelDrafter):
-    def __init__(self, steering: SteeredDrafter, vocab_size: int | None = None, name: str | None = None):
-        super().__init__(steering.drafter, vocab_size, name)
+    def __init__(
+        self,
+        steering: SteeredDrafter,
+        vocab_size: int | None = None,
+        name: str | None = None,
+        draft_vocab: DraftVocab | None = None,
+    ):
+        super().__init__(steering.drafter, vocab_size, name, draft_vocab)
         self.steering = steering
         self.needs = VerifierNeeds(taps=tuple(steering.spec.v_layers))
         self._source: torch.Tensor | None = None  # (B, 3·H_V) the next round's steering source
@@ -64,4 +71,4 @@ class SD2Drafter(ModelDrafter):
             self._source, self._source_valid = self._source[rows], self._source_valid[rows]
 
     def describe(self) -> dict:
-        return {"drafter": self.name, "steering": self.steering.spec.guide_method}
+        return {**super().describe(), "steering": self.steering.spec.guide_method}

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specbench.drafters.draft_vocab import DraftVocab, saved_draft_vocab
 from specbench.drafters.steering import SteeredDrafter, SteeringSpec
 from specbench.models.checkpoints import read_checkpoint
 from specbench.models.loading import LoadedModel
@@ -154,8 +155,30 @@ def load_trained_drafter(
     if steering is not None:
         steering.eval().requires_grad_(False)
     name = f"{drafter.name} ({method}: {Path(path).name})"
-    loaded = LoadedModel(model, drafter.tokenizer, drafter.spec, name)
+    vocab = trained_draft_vocab(metadata, verifier, drafter, path, key)
+    loaded = LoadedModel(model, drafter.tokenizer, drafter.spec, name, vocab)
     return TrainedDrafter(loaded, steering, metadata)
+
+
+def trained_draft_vocab(
+    metadata: dict, verifier: LoadedModel, drafter: LoadedModel, path: str | Path, key: str
+) -> DraftVocab | None:
+    """The draft vocabulary to decode a trained drafter with: the one it was trained over (its checkpoint's
+    ``draft_vocab_ids``), which ``model.drafter.draft_vocab`` may only repeat; else the configured one."""
+    if "draft_vocab_ids" not in metadata:
+        return drafter.draft_vocab
+    from specbench.evaluation import pair_vocab_size
+
+    where = f"{key}={str(path)!r}"
+    saved = saved_draft_vocab(metadata, pair_vocab_size(verifier, drafter), tokenizer_hash(verifier.tokenizer), where)
+    configured = drafter.draft_vocab
+    if configured is not None and configured != saved:
+        raise CheckpointMismatchError(
+            f"model.drafter.draft_vocab gives a draft vocabulary of {configured.size} tokens (fingerprint "
+            f"{configured.fingerprint()}), but {where} was trained over another one of {saved.size} (fingerprint "
+            f"{saved.fingerprint()}); drop model.drafter.draft_vocab / draft_vocab_size (the checkpoint's is used)"
+        )
+    return saved
 
 
 def _load_state(state: dict[str, torch.Tensor], model: PreTrainedModel, steering: Any, path: str | Path) -> None:

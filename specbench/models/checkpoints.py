@@ -19,6 +19,7 @@ from typing_extensions import Self
 if TYPE_CHECKING:
     import torch
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 METADATA_KEY = "specbench"
 HINT = "pass the last.ckpt or trained.pt that task=train wrote"
 # Globals a checkpoint's pickle may name that are plain data; anything else becomes a placeholder.
@@ -63,6 +64,16 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         return _Placeholder()
+
+
+def resolve_project_path(path: str) -> str:
+    """``path`` as given when it exists (or is a hub id); a relative path that does not exist from the
+    working directory is read from the project root (the committed files under ``checkpoints/``)."""
+    given = Path(str(path)).expanduser()
+    if given.is_absolute() or given.exists():
+        return str(given)
+    in_project = PROJECT_ROOT / given
+    return str(in_project) if in_project.exists() else str(path)
 
 
 def _not_a_checkpoint(path: Path, why: str) -> CheckpointReadError:

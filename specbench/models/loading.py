@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,16 +26,21 @@ from specbench.models.tiny import byte_tokenizer, tiny_random_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from specbench.drafters.base import Drafter
+    from specbench.drafters.draft_vocab import DraftVocab
 
 
 @dataclass
 class LoadedModel:
-    """A model in eval mode with frozen parameters, its tokenizer, and where it came from."""
+    """A model in eval mode with frozen parameters, its tokenizer, and where it came from.
+
+    ``draft_vocab``: a drafter's reduced draft vocabulary (``spec.draft_vocab_size`` / ``spec.draft_vocab``),
+    None for the full vocabulary."""
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     spec: ModelSpec
     name: str
+    draft_vocab: DraftVocab | None = None
 
 
 def _from_pretrained(
@@ -135,7 +141,8 @@ def load_drafter(
     An early-exit drafter shares the verifier's weights, so it lives on the verifier's device and dtype
     (a different explicit request is an error) and uses the verifier's tokenizer. ``placement``: the
     drafter's own device_map (default: what ``spec`` asks for); a drafter next to a sharded verifier takes
-    its inputs on the verifier's first device.
+    its inputs on the verifier's first device. A model drafter with ``spec.draft_vocab_size`` /
+    ``spec.draft_vocab`` gets its reduced draft vocabulary (``LoadedModel.draft_vocab``, :func:`drafter_vocab`).
     """
     if spec.kind == "none":
         return None
@@ -144,6 +151,45 @@ def load_drafter(
 
         vocab = min(len(verifier.tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
         return build_drafter(spec.target, dict(spec.params or {}), verifier, vocab, spec.name or None)
+    wants_vocab = spec.draft_vocab_size is not None or spec.draft_vocab is not None
+    vocab = drafter_vocab(spec, verifier) if wants_vocab else None  # before the drafter's weights load
+    loaded = _load_model_drafter(spec, verifier, device, dtype, placement)
+    loaded.draft_vocab = vocab
+    return loaded
+
+
+def drafter_vocab(spec: ModelSpec, verifier: LoadedModel, key: str = "model.drafter") -> DraftVocab:
+    """The reduced draft vocabulary ``spec`` asks for, over the verifier's vocabulary (its tokenizer within
+    its LM head); a source made for another tokenizer, or a bad size, is a ConfigError naming the key."""
+    from specbench.drafters.draft_vocab import load_draft_vocab
+    from specbench.errors import ConfigError
+    from specbench.models.pair import tokenizer_hash
+
+    if not spec.draft_vocab:
+        raise ConfigError(f"{key}.draft_vocab_size={spec.draft_vocab_size} needs {key}.draft_vocab=PATH")
+    vocab_size = min(len(verifier.tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+    try:
+        vocab, info = load_draft_vocab(
+            spec.draft_vocab, spec.draft_vocab_size, vocab_size, tokenizer_hash(verifier.tokenizer), key
+        )
+    except ConfigError:
+        raise
+    except (ValueError, FileNotFoundError) as err:
+        message = " ".join(str(err).split())
+        raise ConfigError(message if message.startswith(key) else f"{key}.draft_vocab: {message}") from err
+    coverage = info.get("draft_vocab_coverage")
+    covered = f", {100 * coverage:.1f} % of its response tokens" if isinstance(coverage, float) else ""
+    print(f"draft vocabulary: {vocab.size} of {vocab_size} tokens from {spec.draft_vocab}{covered}", file=sys.stderr)
+    return vocab
+
+
+def _load_model_drafter(
+    spec: ModelSpec,
+    verifier: LoadedModel,
+    device: str | torch.device,
+    dtype: str | torch.dtype,
+    placement: Placement | None,
+) -> LoadedModel:
     placement = placement or Placement.of(spec, key="model.drafter")
     device = resolve_device(device)
     if _is_placed(verifier.model):  # the engine runs where the verifier takes its inputs

@@ -10,6 +10,8 @@ from specbench.models.embedded import EMBEDDED_NAME
 # ``drafter``: a drafter that is not (only) a transformers model — a class or factory named by ``target``
 # (e.g. specbench.drafters.prompt_lookup.PromptLookupDrafter), built with ``params``.
 KINDS = ("hub", "local", "embedded", "tiny_random", "early_exit", "drafter", "none")
+# The kinds a drafter may be as a transformers model (a ModelDrafter), which a reduced draft vocabulary fits.
+MODEL_KINDS = ("hub", "local", "embedded", "tiny_random", "early_exit")
 
 
 @dataclass
@@ -35,6 +37,11 @@ class ModelSpec:
     device_map: Any = None
     max_memory: Any = None
     offload_folder: str | None = None
+    # A model drafter's reduced draft vocabulary (docs/draft-vocab.md): ``draft_vocab`` is a task=synth output
+    # dir to count the most frequent response tokens from, or a checkpoint that saved one (an EAGLE-3
+    # trained.pt); ``draft_vocab_size`` how many tokens (null: the full vocabulary, or the saved one's size).
+    draft_vocab_size: int | None = None
+    draft_vocab: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

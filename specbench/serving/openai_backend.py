@@ -1,7 +1,7 @@
 """Synthetic data from an OpenAI-compatible server (``synth.backend=openai``, e.g. ``vllm serve``).
 
-:class:`OpenAIBackend` is a :class:`~specbench.data.synthetic.ResponseBackend`: ``task=synth`` encodes the
-prompts exactly as for the HF backend (same chat template, same token ids, same shards, resume and rows)
+:class:`OpenAIBackend` is a :class:`~specbench.pipelines.synthesize.ResponseBackend`: ``task=synth`` encodes
+the prompts exactly as for the HF backend (same chat template, same token ids, same shards, resume and rows)
 and sends each one to ``POST {synth.server_url}/v1/completions`` **as token ids**, with the run's sampling
 settings (temperature, top_p, top_k), the row's budget and the row's seed. How the generated token ids come
 back (``synth.token_ids``):
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
-    from specbench.data.synthetic import SynthSettings
     from specbench.models.loading import LoadedModel, ModelSpec
+    from specbench.pipelines.synthesize import SynthSettings
 
 BACKENDS = ("hf", "openai", "vllm")  # vllm: an alias of openai (vllm serve is an OpenAI-compatible server)
 TOKEN_ID_MODES = ("server", "retokenize")

@@ -88,7 +88,8 @@ def run_task(task: Task) -> Any:
 
 def load_task_prompts(dataset: Any) -> list:
     """The prompts of the ``dataset`` config; a missing source or a corrupt row is a one-line ConfigError."""
-    from specbench.data.datasets import DatasetUnavailableError, load_dataset_prompts
+    from specbench.data.dataset_sources import DatasetUnavailableError
+    from specbench.data.datasets import load_dataset_prompts
 
     try:
         prompts = load_dataset_prompts(dataset)

@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 
 from specbench.config.validate import ConfigError, RunPlan, validate
-from specbench.data.datasets import dataset_settings
+from specbench.data.dataset_config import dataset_settings
 from specbench.data.prompts import Prompt
 from specbench.tasks.base import (
     Task,
@@ -329,6 +329,7 @@ class EvalTask(Task):
             "method": plan.method,
             "verifier": verifier.name,
             "drafter": drafter.name if drafter else "none",
+            "draft_vocab_size": getattr(getattr(drafter, "draft_vocab", None), "size", None),  # None: full
             "schedule": plan.schedule.name,
             "gamma": plan.schedule.initial_gamma() if drafter else 0,
             "max_gamma": plan.schedule.max_gamma,

@@ -1,7 +1,8 @@
 """``task=profile``: measure the cost model of speculative decoding on this machine (specbench.decoding.cost).
 
 v(n) — the verifier's time for a forward over n = 1..max_n new tokens, relative to one — and the drafter's
-time per drafted token, for the configured verifier, drafter, device, dtype and thread count. Writes
+time per drafted token, for the configured verifier, drafter (with its reduced draft vocabulary, if set:
+recorded as ``meta.draft_vocab_size``), device, dtype and thread count. Writes
 ``profile.json`` (what ``schedule=cost_aware schedule.profile=...`` reads), prints it and logs it to MLflow.
 """
 
@@ -65,7 +66,11 @@ class ProfileTask(Task):
         path = profile.save(out if out.suffix == ".json" else out / PROFILE_FILE)
         print(profile.table())
         print(f"profile: {path}  (use it with schedule=cost_aware schedule.profile={path})")
-        self.tracker.set_tags({"specbench.verifier": verifier.name, "specbench.drafter": profile.drafter})
+        draft_vocab = profile.meta.get("draft_vocab_size")
+        self.tracker.set_tags({
+            "specbench.verifier": verifier.name, "specbench.drafter": profile.drafter,
+            "specbench.draft_vocab_size": str(draft_vocab or "full"),
+        })  # fmt: skip
         self.tracker.log_artifact(path)
         metrics = {f"verify_ms_n{n}": ms for n, ms in enumerate(profile.verify_ms, start=1)}
         metrics.update(draft_ms=profile.draft_ms, cost_ratio=profile.c, v_max=profile.v(profile.max_n))

@@ -10,11 +10,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from specbench.config.validate import ConfigError, RunPlan, validate_synth
-from specbench.data.datasets import dataset_settings
+from specbench.data.dataset_config import dataset_settings
 from specbench.tasks.base import Task, check_writable, load_task_prompts, output_dir, verifier_placement
 
 if TYPE_CHECKING:
-    from specbench.data.synthetic import SynthResult
+    from specbench.pipelines.synthesize import SynthResult
 
 
 class SynthTask(Task):
@@ -26,8 +26,8 @@ class SynthTask(Task):
     config_groups = ("task", "model", "dataset", "synth", "runtime", "tracking")
 
     def check(self) -> None:
-        from specbench.data.synthetic import SynthSettings
         from specbench.evaluation import shard_indices
+        from specbench.pipelines.synthesize import SynthSettings
         from specbench.serving.openai_backend import ServerSettings
 
         self.plan = validate_synth(self.cfg)
@@ -63,8 +63,10 @@ class SynthTask(Task):
     def run(self) -> dict:
         import torch
 
-        from specbench.data.synthetic import METADATA_FILE, SynthDataError, SynthSettings, synthesize
+        from specbench.data.synth_dataset import METADATA_FILE
+        from specbench.data.synth_rows import SynthDataError
         from specbench.models.loading import load_verifier
+        from specbench.pipelines.synthesize import SynthSettings, synthesize
         from specbench.serving.openai_backend import backend_for, verifier_without_weights
 
         if self.plan is None:  # called directly (not through run_task)
@@ -123,7 +125,8 @@ class SynthTask(Task):
 
     def _check_existing(self, out: Path | None, plan: RunPlan) -> None:
         """A rows file of this shard in ``out`` must come from the same settings (else ConfigError)."""
-        from specbench.data.synthetic import SynthDataError, SynthSettings, check_resumable, run_identity
+        from specbench.data.synth_rows import SynthDataError
+        from specbench.pipelines.synthesize import SynthSettings, check_resumable, run_identity
 
         if out is None or not self.cfg.synth.resume:
             return

@@ -21,6 +21,7 @@ from specbench.tasks.base import (
 if TYPE_CHECKING:
     import torch
 
+    from specbench.drafters.base import Drafter
     from specbench.models.loading import LoadedModel
 
 TRAINED_FILE = "trained.pt"
@@ -57,6 +58,7 @@ class TrainTask(Task):
         import lightning as L
         import torch
 
+        from specbench.evaluation import pair_vocab_size
         from specbench.models.loading import load_drafter, load_verifier
         from specbench.models.pair import PairMismatchError, shared_vocab_size
         from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
@@ -75,7 +77,7 @@ class TrainTask(Task):
         else:
             drafter = load_drafter(plan.drafter, verifier, plan.device, plan.dtype)
             try:
-                vocab = shared_vocab_size(verifier.model, drafter.model, verifier.tokenizer, drafter.tokenizer)
+                vocab = pair_vocab_size(verifier, drafter)
             except PairMismatchError as err:
                 raise ConfigError(f"model.drafter does not fit model.verifier: {err}") from err
         module, data = self._build(plan, verifier, drafter, vocab)
@@ -104,7 +106,7 @@ class TrainTask(Task):
         print(f"trained {plan.method}: step {trainer.global_step}, checkpoint {trained}")
         return summary
 
-    def _build(self, plan: TrainPlan, verifier: LoadedModel, drafter: LoadedModel, vocab: int):
+    def _build(self, plan: TrainPlan, verifier: LoadedModel, drafter: LoadedModel | Drafter, vocab: int):
         from specbench.evaluation import eos_token_ids, pad_token_id
 
         eos = eos_token_ids(verifier.model, verifier.tokenizer)
@@ -131,7 +133,7 @@ class TrainTask(Task):
 
         prompts = self.prompts if self.prompts is not None else load_task_prompts(self.cfg.dataset)
         try:
-            return build_diversed_training(self.cfg, verifier, drafter, prompts)
+            return build_diversed_training(self.cfg, verifier, drafter, prompts, vocab)
         except ValueError as err:  # bad train.* values, a dataset without per-sample rewards
             if isinstance(err, ConfigError):
                 raise

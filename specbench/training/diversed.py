@@ -2,21 +2,15 @@
 
 Policy: autoregressive decoding of the pooled distribution π_t = pool(p_t, q_t, w_t), where p_t / q_t
 are the verifier's / drafter's warped next-token distributions and w_t = head(h_draft,t, h_verifier,t)
-(both LMs frozen, run under no_grad with KV caches; gradients reach the head only). Rollouts are
-sampled on-policy at ``train.rollout_temperature`` (> 0, default 1.0); 0 decodes greedily, which makes
-REINFORCE biased (what the DIVERSED code did) and is only an option.
+(both LMs frozen; gradients reach the head only). Rollouts (:mod:`specbench.training.diversed_rollout`) run
+through the engine's verifier cache and drafter objects, so any drafter with hidden states works (a model
+drafter, an SD²-steered one, an EAGLE-3 head). They are sampled on-policy at ``train.rollout_temperature``
+(> 0, default 1.0); 0 decodes greedily, which makes REINFORCE biased (what the DIVERSED code did) and is only
+an option. The loss is in :mod:`specbench.training.diversed_objective`, the rewards in
+:mod:`specbench.training.diversed_rewards`, the prompt data in :mod:`specbench.training.prompt_data`. The
+reward baseline is kept in the checkpoint, so a resumed run continues with it.
 
-Loss (manual optimisation): sequence-level REINFORCE with an EMA reward baseline b,
-
-    L = −mean_b[(R_b − b) · Σ_t log π(y_t)]  +  regulariser,
-
-where the regulariser *rewards* acceptance, ``tv``: −λ · mean_t (1 − TV(q_t, π_t)) (for the linear pool
-1 − TV(q, π) = 1 − (1 − w)·TV(p, q), the per-token acceptance of speculative sampling against π), or
-``l2``: λ · (mean_t w_t − target_weight)². Rewards come from the dataset's scorer (ROUGE-2 F1, sentence
-BLEU / 100, exact match, sandboxed pass/fail). The baseline is kept in the checkpoint, so a resumed run
-continues with it.
-
-The lead's ``task=train`` builds the pieces with :func:`build_diversed_training` and fits them with
+``task=train`` builds the pieces with :func:`build_diversed_training` and fits them with
 :func:`specbench.training.trainer.build_trainer`.
 """
 
@@ -28,267 +22,32 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader
 
-from specbench.data.datasets import dataset_settings, encode_sample
+from specbench.data.dataset_config import dataset_settings
 from specbench.data.prompts import Prompt
 from specbench.decoding.cache import CachedModel
 from specbench.decoding.diversed import DiversedRule, WeightHead, hidden_size, pair_metadata
-from specbench.decoding.engine import GenerationSettings
-from specbench.decoding.rules import EnsembleRule, pool_distributions
+from specbench.decoding.engine import GenerationSettings, as_drafter
+from specbench.decoding.rules import EnsembleRule
 from specbench.decoding.schedules import DraftSchedule
-from specbench.decoding.warping import Warping, sample
-from specbench.evaluation import build_engines, eos_token_ids, pad_token_id
+from specbench.decoding.warping import Warping
+from specbench.drafters.base import Drafter
+from specbench.evaluation import build_engines, eos_token_ids, pad_token_id, pair_vocab_size
 from specbench.models.loading import LoadedModel
-from specbench.models.pair import shared_vocab_size
-from specbench.scoring import SPEC_BENCH_SCORED, ScoringOptions, sample_rewards
+from specbench.training.diversed_objective import (
+    REGULARIZERS,
+    masked_mean,
+    regularizer_loss,
+    reinforce_loss,
+    update_baseline,
+)
+from specbench.training.diversed_rewards import reward_spec
+from specbench.training.diversed_rollout import Rollout, rollout
+from specbench.training.prompt_data import PromptDataModule, prompt_items, split_validation
 from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
+from specbench.values import DIVERSED_REWARDS
 
-REGULARIZERS = ("tv", "l2")
-REWARD_METRICS = ("rouge", "bleu", "exact_match", "pass@1", "spec_bench")
 BASELINE_KEY = "diversed_baseline"
-_TINY = 1e-30
-
-
-# -- rollouts ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Rollout:
-    """R rollouts of at most T tokens from the pooled policy.
-
-    ``log_probs``, ``agreement`` and ``weights`` carry the head's graph; positions past a row's end
-    (after its EOS or the token budget) are False in ``mask``.
-    """
-
-    tokens: torch.Tensor  # (R, T) long, pad after the end
-    mask: torch.Tensor  # (R, T) bool
-    log_probs: torch.Tensor  # (R, T) log π_t(y_t)
-    agreement: torch.Tensor  # (R, T) 1 − TV(q_t, π_t): acceptance probability of a drafted token vs π_t
-    weights: torch.Tensor  # (R, T) w_draft,t
-    verifier_agreement: torch.Tensor  # (R, T) 1 − TV(p_t, q_t) (no grad): sd's acceptance at the same step
-
-    def outputs(self) -> list[list[int]]:
-        return [row[: int(n)] for row, n in zip(self.tokens.tolist(), self.mask.sum(dim=1).tolist())]
-
-
-def pooled_log_prob_and_agreement(
-    p: torch.Tensor, q: torch.Tensor, w: torch.Tensor, tokens: torch.Tensor, pool: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log π(y) and 1 − TV(q, π) for π = pool(p, q, w), differentiable in ``w`` (shape (...,)); p, q (..., V).
-
-    The linear pool uses closed forms (π(y) = (1−w)p(y) + wq(y); 1 − TV(q, π) = 1 − (1−w)·TV(p, q)), so
-    its graph holds scalars per token, not vocabulary-sized tensors.
-    """
-    p_y = p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    if pool == "linear":
-        q_y = q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        tv = 0.5 * (p - q).abs().sum(dim=-1)
-        pi_y = (1.0 - w) * p_y + w * q_y
-        return torch.log(pi_y.clamp(min=_TINY)), 1.0 - (1.0 - w) * tv
-    pi = pool_distributions(p, q, w.unsqueeze(-1), pool)
-    pi_y = pi.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return torch.log(pi_y.clamp(min=_TINY)), 1.0 - 0.5 * (q - pi).abs().sum(dim=-1)
-
-
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    valid = torch.zeros((len(prompts), width), dtype=torch.bool)
-    for row, prompt in enumerate(prompts):
-        tokens[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
-        valid[row, width - len(prompt):] = True
-    return tokens.to(device), valid.to(device)
-
-
-def rollout(
-    head: WeightHead,
-    verifier: CachedModel,
-    drafter: CachedModel,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    warping: Warping,
-    pool: str = "linear",
-    eos_ids: Sequence[int] = (),
-    pad_id: int = 0,
-    generator: torch.Generator | None = None,
-) -> Rollout:
-    """Decode ``prompts`` (a batch of token id lists) autoregressively from π_t = pool(p_t, q_t, w_t).
-
-    Tokens are sampled from π (``warping.greedy``: argmax π). Both LMs run without grad through their KV
-    caches; the returned log-probabilities, agreements and weights carry the head's graph.
-    """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    device = verifier.device
-    tokens, valid = left_pad(prompts, pad_id, device)
-    rows = tokens.shape[0]
-    eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=device)
-    verifier.reset(rows)
-    drafter.reset(rows)
-    step_input, step_valid = tokens, valid
-    alive = torch.ones(rows, dtype=torch.bool, device=device)
-    out_tokens, masks, log_probs, agreements, weights, sd_agreements = [], [], [], [], [], []
-    for step in range(max_new_tokens):
-        v_out = verifier.forward(step_input, step_valid, output_hidden=True)
-        d_out = drafter.forward(step_input, step_valid, output_hidden=True)
-        with torch.no_grad():
-            p = warping.probs(v_out.logits[:, -1])
-            q = warping.probs(d_out.logits[:, -1])
-        w = head(d_out.hidden[:, -1], v_out.hidden[:, -1]).to(device)
-        with torch.no_grad():
-            pi = pool_distributions(p, q, w.detach().unsqueeze(-1), pool)
-            token = pi.argmax(dim=-1) if warping.greedy else sample(pi, generator)
-            token = torch.where(alive, token, torch.full_like(token, pad_id))
-            sd_agreements.append(1.0 - 0.5 * (p - q).abs().sum(dim=-1))
-        log_prob, agreement = pooled_log_prob_and_agreement(p, q, w, token, pool)
-        out_tokens.append(token)
-        masks.append(alive.clone())
-        log_probs.append(log_prob)
-        agreements.append(agreement)
-        weights.append(w)
-        if eos.numel():
-            alive = alive & ~torch.isin(token, eos)
-        if step == max_new_tokens - 1 or not bool(alive.any()):
-            break
-        step_input, step_valid = token.unsqueeze(1), torch.ones(rows, 1, dtype=torch.bool, device=device)
-    return Rollout(
-        tokens=torch.stack(out_tokens, dim=1),
-        mask=torch.stack(masks, dim=1),
-        log_probs=torch.stack(log_probs, dim=1),
-        agreement=torch.stack(agreements, dim=1),
-        weights=torch.stack(weights, dim=1),
-        verifier_agreement=torch.stack(sd_agreements, dim=1),
-    )
-
-
-# -- losses --------------------------------------------------------------------------------------------------
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-def reinforce_loss(
-    log_probs: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, baseline: float | torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(−mean_b[(R_b − b) · Σ_t log π(y_t)], advantages R − b); the advantages carry no gradient."""
-    advantages = (rewards.to(log_probs.dtype) - baseline).detach()
-    sequence_log_prob = (log_probs * mask.to(log_probs.dtype)).sum(dim=1)
-    return -(advantages * sequence_log_prob).mean(), advantages
-
-
-def regularizer_loss(
-    kind: str, strength: float, agreement: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor,
-    target_weight: float = 0.5,
-) -> torch.Tensor:
-    """``tv``: −λ · mean_t(1 − TV(q_t, π_t)) (minimising it raises acceptance); ``l2``: λ·(mean w − target)²."""
-    if kind == "tv":
-        return -strength * masked_mean(agreement, mask)
-    if kind == "l2":
-        return strength * (masked_mean(weights, mask) - target_weight) ** 2
-    raise ValueError(f"train.regularizer: unknown {kind!r}; allowed: {list(REGULARIZERS)}")
-
-
-def update_baseline(baseline: float | None, rewards: Sequence[float], ema: float) -> float:
-    """EMA of the batch mean reward; the first batch sets it."""
-    mean = float(sum(rewards) / len(rewards))
-    return mean if baseline is None else ema * baseline + (1.0 - ema) * mean
-
-
-# -- rewards -------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RewardSpec:
-    """How rollouts of a dataset are scored: its metric, stop strings per prompt format, sandbox options."""
-
-    metric: str
-    stops: tuple[str, ...]
-    options: ScoringOptions
-
-    def __call__(self, texts: Sequence[str], items: Sequence[dict]) -> list[float]:
-        """Per-sample rewards in [0, 1] of ``texts`` for the prompt ``items`` (see :class:`PromptItems`)."""
-        rewards = [0.0] * len(texts)
-        groups: dict[str, list[int]] = {}
-        for i, item in enumerate(items):
-            metric = SPEC_BENCH_SCORED.get(item.get("category")) if self.metric == "spec_bench" else self.metric
-            if metric is None or (metric != "pass@1" and item.get("reference") is None):
-                continue  # nothing to score against: reward 0
-            groups.setdefault(metric, []).append(i)
-        for metric, chosen in groups.items():
-            stops = () if items[chosen[0]]["format"] == "chat" else self.stops
-            scores = sample_rewards(
-                metric,
-                [texts[i] for i in chosen],
-                [items[i].get("reference") for i in chosen],
-                metas=[items[i].get("meta") or {} for i in chosen],
-                stops=stops,
-                options=self.options,
-            )
-            for i, score in zip(chosen, scores):
-                rewards[i] = float(score)
-        return rewards
-
-
-def reward_spec(cfg: Any) -> RewardSpec:
-    """The reward of ``cfg.dataset`` (its metric must have per-sample rewards) with ``cfg.scoring`` options."""
-    data = dataset_settings(cfg.dataset)
-    metric, stops = data.scorer("plain")
-    if metric not in REWARD_METRICS:
-        raise ValueError(
-            f"dataset.metric: DIVERSED training needs a per-sample reward, but dataset {data.name!r} has metric "
-            f"{metric!r}; use a dataset with references (cnndm, xsum, wmt, gsm8k, humaneval, mbpp, spec_bench "
-            "translation/math_reasoning) or set dataset.metric"
-        )
-    return RewardSpec(metric, tuple(stops), ScoringOptions.from_config(cfg.scoring))
-
-
-# -- data ----------------------------------------------------------------------------------------------------
-
-
-def prompt_items(tokenizer: Any, prompts: Sequence[Prompt], prompt_format: str = "auto") -> list[dict]:
-    """Encoded prompts (as eval encodes them) with what the reward needs."""
-    items = []
-    for prompt in prompts:
-        ids, fmt = encode_sample(tokenizer, prompt, prompt_format)
-        items.append({
-            "id": prompt.id, "ids": ids, "format": fmt, "reference": prompt.reference,
-            "category": prompt.category, "meta": dict(getattr(prompt, "meta", {}) or {}),
-        })  # fmt: skip
-    return items
-
-
-def _as_list(batch: list[dict]) -> list[dict]:
-    return batch
-
-
-class PromptDataModule(L.LightningDataModule):
-    """Training prompts (shuffled, seeded, repeated over epochs) and a few held-out validation prompts."""
-
-    def __init__(self, train_items: list[dict], val_items: list[dict], batch_size: int, seed: int = 0,
-                 num_workers: int = 0) -> None:  # fmt: skip
-        super().__init__()
-        if not train_items:
-            raise ValueError("DIVERSED training needs at least one training prompt")
-        self.train_items = train_items
-        self.val_items = val_items
-        self.batch_size = batch_size
-        self.seed = seed
-        self.num_workers = num_workers
-
-    def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            self.train_items, batch_size=self.batch_size, shuffle=True, generator=generator,
-            collate_fn=_as_list, num_workers=self.num_workers,
-        )  # fmt: skip
-
-    def val_dataloader(self) -> DataLoader | list:
-        if not self.val_items:
-            return []
-        return DataLoader(self.val_items, batch_size=self.batch_size, shuffle=False, collate_fn=_as_list)
 
 
 # -- the LightningModule -------------------------------------------------------------------------------------
@@ -308,6 +67,8 @@ class DiversedSettings:
     regularizer: str = "tv"
     regularizer_weight: float = 0.1
     target_weight: float = 0.5
+    reward: str = "task"  # task: the dataset's scorer | verifier_logp: mean log p_verifier of the rollout
+    reward_weight: float = 1.0  # scale of the REINFORCE term (0: the regulariser alone)
     lr_start: float = 1e-5
     weight_decay: float = 0.0
     grad_clip: float = 0.5
@@ -326,6 +87,10 @@ class DiversedSettings:
             raise ValueError(f"train.rollouts_per_prompt must be >= 1, got {self.rollouts_per_prompt}")
         if not 0.0 <= self.baseline_ema < 1.0:
             raise ValueError(f"train.baseline_ema must be in [0, 1), got {self.baseline_ema}")
+        if self.reward not in DIVERSED_REWARDS:
+            raise ValueError(f"train.reward: unknown {self.reward!r}; allowed: {list(DIVERSED_REWARDS)}")
+        if self.reward_weight < 0:
+            raise ValueError(f"train.reward_weight must be >= 0, got {self.reward_weight}")
         if self.regularizer_weight < 0:
             raise ValueError(f"train.regularizer_weight must be >= 0, got {self.regularizer_weight}")
         if not 0.0 <= self.target_weight <= 1.0:
@@ -341,7 +106,8 @@ class DiversedSettings:
             rollout_temperature=float(train.rollout_temperature), top_k=int(gen.top_k), top_p=float(gen.top_p),
             rollouts_per_prompt=int(train.rollouts_per_prompt), baseline_ema=float(train.baseline_ema),
             regularizer=str(train.regularizer), regularizer_weight=float(train.regularizer_weight),
-            target_weight=float(train.target_weight), lr_start=float(train.lr_start),
+            target_weight=float(train.target_weight), reward=str(train.reward),
+            reward_weight=float(train.reward_weight), lr_start=float(train.lr_start),
             weight_decay=float(train.weight_decay), grad_clip=float(train.grad_clip or 0.0), seed=int(train.seed),
             gamma=int(cfg.schedule.gamma), schedule=str(cfg.schedule.name),
         )  # fmt: skip
@@ -361,9 +127,10 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
     def __init__(
         self,
         verifier: LoadedModel,
-        drafter: LoadedModel,
+        drafter: LoadedModel | Drafter,
         settings: DiversedSettings,
-        reward: Callable[[Sequence[str], Sequence[dict]], list[float]],
+        vocab_size: int,
+        reward: Callable[[Sequence[str], Sequence[dict]], list[float]] | None,
         train_cfg: Any,
         extra_metadata: dict | None = None,
     ) -> None:
@@ -373,16 +140,17 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         self.reward = reward
         self.train_cfg = train_cfg
         self._lms = {"verifier": verifier, "drafter": drafter}
-        for lm in self._lms.values():
-            lm.model.requires_grad_(False)
-            lm.model.eval()
+        for part in (verifier.model, getattr(drafter, "model", None), getattr(drafter, "head", None)):
+            if isinstance(part, torch.nn.Module):
+                part.requires_grad_(False)
+                part.eval()
         self.head = WeightHead(hidden_size(drafter), hidden_size(verifier), seed=settings.seed)
-        self.vocab_size = shared_vocab_size(verifier.model, drafter.model, verifier.tokenizer, drafter.tokenizer)
+        self.vocab_size = int(vocab_size)
         self.eos_ids = eos_token_ids(verifier.model, verifier.tokenizer)
         self.pad_id = pad_token_id(verifier.tokenizer, self.eos_ids)
         self.baseline: float | None = None
         self.extra_metadata = dict(extra_metadata or {})
-        self._cached: tuple[CachedModel, CachedModel] | None = None
+        self._cached: tuple[CachedModel, Drafter] | None = None
         self._val_engine = None
         self._val_rows: list[tuple[float, int, int, float, int]] = []
 
@@ -393,14 +161,16 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         return self._lms["verifier"]
 
     @property
-    def drafter(self) -> LoadedModel:
+    def drafter(self) -> LoadedModel | Drafter:
         return self._lms["drafter"]
 
-    def cached_models(self) -> tuple[CachedModel, CachedModel]:
+    def cached_models(self) -> tuple[CachedModel, Drafter]:
+        """The verifier's cache and the drafter object the rollouts decode with (the engine's kinds)."""
         if self._cached is None:
+            drafter = self.drafter
             self._cached = (
                 CachedModel(self.verifier.model, self.vocab_size),
-                CachedModel(self.drafter.model, self.vocab_size),
+                as_drafter(drafter if isinstance(drafter, Drafter) else drafter.model, self.vocab_size),
             )
         return self._cached
 
@@ -420,6 +190,8 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
             "regularizer": s.regularizer,
             "regularizer_weight": s.regularizer_weight,
             "target_weight": s.target_weight,
+            "reward": s.reward,
+            "reward_weight": s.reward_weight,
             "baseline_ema": s.baseline_ema,
             "reward_baseline": self.baseline,
             **self.extra_metadata,
@@ -457,11 +229,15 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         s = self.settings
         rows = [item for item in items for _ in range(s.rollouts_per_prompt)]
         result = self.rollout(rows, generator)
-        outputs = result.outputs()
-        rewards = self.reward(self.decode(outputs), rows)
+        rewards = self.rewards_of(result, rows)
         reward_tensor = torch.tensor(rewards, dtype=torch.float32, device=result.log_probs.device)
         baseline = self.baseline if self.baseline is not None else float(reward_tensor.mean())
-        pg_loss, advantages = reinforce_loss(result.log_probs, result.mask, reward_tensor, baseline)
+        if s.reward == "expected_verifier_logp":  # the per-token expectation itself is the objective
+            pg_loss = -masked_mean(result.expected_verifier_log_probs, result.mask)
+            advantages = (reward_tensor - baseline).detach()
+        else:
+            pg_loss, advantages = reinforce_loss(result.log_probs, result.mask, reward_tensor, baseline)
+        pg_loss = s.reward_weight * pg_loss
         reg_loss = regularizer_loss(
             s.regularizer, s.regularizer_weight, result.agreement, result.weights, result.mask, s.target_weight
         )
@@ -480,6 +256,12 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
             "rollout_tokens": mask.sum(dim=1).float().mean(),
         }
         return pg_loss + reg_loss, logs
+
+    def rewards_of(self, result: Rollout, items: Sequence[dict]) -> list[float]:
+        """Per-rollout rewards: the dataset's scorer on the decoded texts, or the verifier's log-likelihood."""
+        if self.settings.reward in ("verifier_logp", "expected_verifier_logp"):
+            return result.mean_verifier_log_prob()
+        return self.reward(self.decode(result.outputs()), items)
 
     def training_step(self, batch: list[dict], batch_idx: int) -> torch.Tensor:
         optimizer = self.optimizers()
@@ -520,7 +302,10 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         """Speculative decoding with the current head: reward and acceptance rate on held-out prompts."""
         with torch.autocast(device_type=self.verifier.model.device.type, enabled=False):
             results = self._engine().generate([item["ids"] for item in batch])
-        rewards = self.reward(self.decode([r.output_ids for r in results]), batch)
+        if self.settings.reward != "task":
+            rewards = [r.verifier_logp or 0.0 for r in results]
+        else:
+            rewards = self.reward(self.decode([r.output_ids for r in results]), batch)
         for reward, result in zip(rewards, results):
             drafted = sum(r.drafted for r in result.rounds)
             accepted = sum(r.accepted for r in result.rounds)
@@ -545,19 +330,9 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         self.baseline = checkpoint.get(BASELINE_KEY)
 
 
-def split_validation(prompts: Sequence[Prompt], count: int, seed: int = 0) -> tuple[list[Prompt], list[Prompt]]:
-    """(training, validation): ``count`` prompts picked with ``seed`` (kept out of training); training keeps ≥ 1."""
-    prompts = list(prompts)
-    count = max(0, min(count, len(prompts) - 1))
-    if count == 0:
-        return prompts, []
-    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
-    held = set(order[:count])
-    return [p for i, p in enumerate(prompts) if i not in held], [p for i, p in enumerate(prompts) if i in held]
-
-
 def build_diversed_training(
-    cfg: Any, verifier: LoadedModel, drafter: LoadedModel, prompts: list[Prompt]
+    cfg: Any, verifier: LoadedModel, drafter: LoadedModel | Drafter, prompts: list[Prompt],
+    vocab_size: int | None = None,
 ) -> tuple[DiversedModule, PromptDataModule]:
     """The LightningModule (head + frozen pair) and DataModule of ``task=train method=diversed``.
 
@@ -567,7 +342,7 @@ def build_diversed_training(
     if drafter is None:
         raise ValueError("method=diversed trains a head over a verifier/drafter pair: model.drafter is 'none'")
     settings = DiversedSettings.from_config(cfg)
-    reward = reward_spec(cfg)
+    reward = reward_spec(cfg) if settings.reward == "task" else None
     if settings.rollout_temperature == 0:
         import warnings
 
@@ -583,30 +358,16 @@ def build_diversed_training(
     extra = {
         "dataset": data.name,
         "dataset_subset": data.subset,
-        "reward_metric": reward.metric,
+        "reward_metric": reward.metric if reward is not None else settings.reward,
         "train_prompts": len(train_items),
         "val_prompts": len(val_items),
     }
-    module = DiversedModule(verifier, drafter, settings, reward, cfg.train, extra)
+    vocab_size = vocab_size if vocab_size is not None else pair_vocab_size(verifier, drafter)
+    module = DiversedModule(verifier, drafter, settings, vocab_size, reward, cfg.train, extra)
     datamodule = PromptDataModule(
         train_items, val_items, int(cfg.train.batch_size), int(cfg.train.seed), int(cfg.train.num_workers)
     )
     return module, datamodule
 
 
-__all__ = [
-    "DiversedModule",
-    "DiversedSettings",
-    "PromptDataModule",
-    "RewardSpec",
-    "Rollout",
-    "build_diversed_training",
-    "masked_mean",
-    "pooled_log_prob_and_agreement",
-    "regularizer_loss",
-    "reinforce_loss",
-    "reward_spec",
-    "rollout",
-    "split_validation",
-    "update_baseline",
-]
+__all__ = ["BASELINE_KEY", "DiversedModule", "DiversedSettings", "build_diversed_training"]

@@ -3,10 +3,18 @@
 Per batch: the frozen verifier's next-token distributions (and, for SD², its features at
 ``v_layers``) under no_grad; the drafter's distributions, steered (SD²) by the verifier feature
 ``offset`` positions back; a divergence averaged over the response positions (loss mask).
+
+``train.feature_cache=DIR``: the verifier's part (targets and taps) is computed once into the disk cache
+of :mod:`specbench.training.features`, which a distillation and an SD² run on the same data share; a
+training step then runs only the drafter. With a reduced draft vocabulary (``model.drafter.draft_vocab``)
+the targets are the verifier's distribution restricted to it and renormalised (as EAGLE-3's) and the
+drafter computes only its LM head's draft rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -17,27 +25,49 @@ from transformers import PreTrainedModel
 
 from specbench.decoding.engine import GenerationSettings, SpeculativeEngine
 from specbench.decoding.schedules import DraftSchedule
+from specbench.drafters.draft_vocab import DraftVocab
+from specbench.drafters.model import ModelDrafter, draft_logits
 from specbench.drafters.sd2 import SD2Drafter
-from specbench.drafters.steering import SteeredDrafter, verifier_features
-from specbench.models.taps import record_states
+from specbench.drafters.steering import SteeredDrafter
+from specbench.training.features import (
+    CachedRows,
+    FeatureCache,
+    TargetSpec,
+    collate_cached,
+    verifier_targets,
+)
 from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
+from specbench.values import TOP_K_RKL, TRAIN_LOSSES
 
-LOSSES = ("kl", "rkl", "tvd")
+LOSSES = TRAIN_LOSSES
 OFFSET_MODES = ("random", "blocked")
 VAL_MAX_NEW_TOKENS = 32
 
 
-def divergence(p_logits: torch.Tensor, q_logits: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-position divergence between verifier (p) and drafter (q) logits (N, V) → (N,)."""
+def divergence(
+    p_logits: torch.Tensor, q_logits: torch.Tensor, kind: str, index: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-position divergence between verifier (p) and drafter (q) logits (N, V) → (N,).
+
+    ``index`` (N, K): ``p_logits`` (N, K) are the verifier's top-K logits at these columns of ``q_logits``
+    (top-k targets); p is their softmax there and 0 elsewhere, so ``rkl`` (infinite) is refused and
+    ``tvd`` adds the drafter's mass outside the top-K."""
+    if kind not in LOSSES:
+        raise ValueError(f"train.loss must be one of {list(LOSSES)}, got {kind!r}")
+    if index is not None and kind == "rkl":
+        raise ValueError(TOP_K_RKL)
     log_p = F.log_softmax(p_logits.float(), dim=-1)
     log_q = F.log_softmax(q_logits.float(), dim=-1)
+    if index is not None:
+        log_q = log_q.gather(-1, index)
     if kind == "kl":
         return (log_p.exp() * (log_p - log_q)).sum(-1)
     if kind == "rkl":
         return (log_q.exp() * (log_q - log_p)).sum(-1)
-    if kind == "tvd":
-        return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
-    raise ValueError(f"train.loss must be one of {list(LOSSES)}, got {kind!r}")
+    tvd = 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
+    if index is not None:
+        tvd = tvd + 0.5 * (1.0 - log_q.exp().sum(-1)).clamp(min=0.0)
+    return tvd
 
 
 def predict_mask(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -87,19 +117,42 @@ def pad_batch(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 class SyntheticDataModule(L.LightningDataModule):
-    """Shuffled (seeded) training rows and in-order validation rows of a task=synth dataset."""
+    """Shuffled (seeded) training rows and in-order validation rows of a task=synth dataset.
 
-    def __init__(self, data: Any, batch_size: int, pad_id: int, seed: int = 0, num_workers: int = 0):
+    ``cache``: builds (once, in ``prepare_data``, i.e. on rank 0) or opens the verifier-feature cache
+    (:mod:`specbench.training.features`); its rows then carry their cached features and targets."""
+
+    def __init__(
+        self,
+        data: Any,
+        batch_size: int,
+        pad_id: int,
+        seed: int = 0,
+        num_workers: int = 0,
+        cache: Callable[[], FeatureCache] | None = None,
+    ):
         super().__init__()
         self.data, self.batch_size, self.pad_id = data, batch_size, pad_id
         self.seed, self.num_workers = seed, num_workers
+        self._cache = cache
+        self.features: FeatureCache | None = None
+
+    def prepare_data(self) -> None:
+        if self._cache is not None:
+            self._cache()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._cache is not None and self.features is None:
+            self.features = self._cache()
 
     def rows(self, split: str) -> Any:
         """The dataset one split's loader reads."""
+        if self.features is not None:
+            return CachedRows(self.data[split], self.features[split])
         return self.data[split].select_columns(["input_ids", "loss_mask", "prompt_len"])
 
     def collate(self, batch: list[dict]) -> dict[str, torch.Tensor]:
-        return pad_batch(batch, self.pad_id)
+        return collate_cached(batch, self.pad_id)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)
@@ -116,7 +169,13 @@ class SyntheticDataModule(L.LightningDataModule):
 
 
 class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
-    """Train a drafter (distillation) or a steered drafter (SD²) against a frozen verifier."""
+    """Train a drafter (distillation) or a steered drafter (SD²) against a frozen verifier.
+
+    ``targets``: what the drafter learns, the verifier's distribution over ``targets.vocab`` (restricted
+    and renormalised; the top ``targets.top_k`` of it) — default: the full ``vocab_size`` vocabulary. A
+    reduced vocabulary makes the drafter compute only its LM head's draft rows (:func:`draft_logits`). A
+    batch that carries ``target_values`` (the feature cache, :func:`collate_cached`) is used as it is;
+    otherwise the verifier runs on it (:func:`verifier_targets`)."""
 
     def __init__(
         self,
@@ -129,6 +188,7 @@ class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
         val_prompts: list[list[int]] = (),
         eos_token_ids: list[int] = (),
         pad_token_id: int = 0,
+        targets: TargetSpec | None = None,
     ):
         super().__init__()
         self._verifier = [verifier]  # frozen and not a submodule: never saved, never handed to the optimiser
@@ -136,6 +196,12 @@ class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
         self.steering = steering
         self.train_cfg = train
         self.vocab_size = vocab_size
+        self.targets = targets or TargetSpec(DraftVocab.full(vocab_size))
+        if self.targets.vocab.vocab_size != vocab_size:
+            raise ValueError(
+                f"the targets' vocabulary covers {self.targets.vocab.vocab_size} ids, the pair {vocab_size}"
+            )
+        self.taps = tuple(steering.spec.v_layers) if steering is not None else ()
         self._metadata = metadata
         self.val_prompts = [list(p) for p in val_prompts]
         self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
@@ -160,29 +226,41 @@ class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
         phase = int(torch.randint(0, k, (1,), generator=generator))
         return offset, phase
 
+    @property
+    def draft_vocab(self) -> DraftVocab | None:
+        """The reduced draft vocabulary the drafter learns and drafts over (None: the full vocabulary)."""
+        return None if self.targets.vocab.is_full else self.targets.vocab
+
+    def drafter_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, draft vocabulary) logits of the drafter's final-normed hidden states (N, H)."""
+        if self.draft_vocab is None:
+            return self.drafter.get_output_embeddings()(hidden)[:, : self.vocab_size]
+        return draft_logits(self.drafter, self.draft_vocab, hidden)
+
     def losses(self, batch: dict[str, torch.Tensor], offset: int, phase: int = 0) -> dict[str, torch.Tensor]:
-        ids, attention = batch["input_ids"], batch["attention_mask"]
-        predicting = predict_mask(batch["loss_mask"]) & attention.bool()
-        taps = self.steering.spec.v_layers if self.steering is not None else ()
-        with torch.no_grad(), record_states(self.verifier, taps) as states:
-            v_out = self.verifier.base_model(input_ids=ids, attention_mask=attention)
-            p_logits = self.verifier.get_output_embeddings()(v_out.last_hidden_state[predicting])[:, : self.vocab_size]
+        """Loss, TVD and the count of the response-predicting positions of one batch; the verifier's part
+        (``predict``, ``target_values`` / ``target_index`` packed, ``features``) from the batch when it
+        carries it (the feature cache), else from a verifier pass."""
+        if "target_values" not in batch:
+            batch = {**batch, **verifier_targets(self.verifier, batch, self.taps, self.targets)}
+        ids, attention, predicting = batch["input_ids"], batch["attention_mask"], batch["predict"]
         if self.steering is not None:
             sources = steering_sources(
                 self.train_cfg.offset, offset, batch["prompt_len"], ids.shape[1], self.train_cfg.max_offset, phase
             )
             steered = predicting & (sources >= 0)
-            features = verifier_features(states.taps, self.steering.spec.v_layers)
+            features = batch["features"]
             index = sources.clamp(min=0).unsqueeze(-1).expand(-1, -1, features.shape[-1])
             deltas = self.steering.deltas(torch.gather(features, 1, index), steered)
             with self.steering.steer(deltas):
                 d_out = self.drafter.base_model(input_ids=ids, attention_mask=attention)
         else:
             d_out = self.drafter.base_model(input_ids=ids, attention_mask=attention)
-        q_logits = self.drafter.get_output_embeddings()(d_out.last_hidden_state[predicting])[:, : self.vocab_size]
-        per_position = divergence(p_logits, q_logits, self.train_cfg.loss)
+        q_logits = self.drafter_logits(d_out.last_hidden_state[predicting])
+        p_logits, p_index = batch["target_values"], batch.get("target_index")
+        per_position = divergence(p_logits, q_logits, self.train_cfg.loss, p_index)
         with torch.no_grad():
-            tvd = divergence(p_logits, q_logits, "tvd").mean()
+            tvd = divergence(p_logits, q_logits, "tvd", p_index).mean()
         return {"loss": per_position.mean(), "tvd": tvd, "positions": predicting.sum()}
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -220,7 +298,9 @@ def speculative_tau(module: DrafterTraining, prompts: list[list[int]]) -> float:
     try:
         drafter = module.drafter
         if module.steering is not None:
-            drafter = SD2Drafter(module.steering, module.vocab_size)
+            drafter = SD2Drafter(module.steering, module.vocab_size, draft_vocab=module.draft_vocab)
+        elif module.draft_vocab is not None:
+            drafter = ModelDrafter(module.drafter, module.vocab_size, draft_vocab=module.draft_vocab)
         engine = SpeculativeEngine(
             module.verifier,
             drafter,
@@ -240,8 +320,14 @@ def speculative_tau(module: DrafterTraining, prompts: list[list[int]]) -> float:
 def build_drafter_training(
     cfg: Any, method: str, verifier: Any, drafter: Any, vocab_size: int, eos_ids: list[int], pad_id: int
 ) -> tuple[DrafterTraining, SyntheticDataModule]:
-    """The LightningModule and DataModule of ``task=train method=sd2|distill`` (LoadedModel pair in)."""
-    from specbench.data.synthetic import load_synthetic
+    """The LightningModule and DataModule of ``task=train method=sd2|distill`` (LoadedModel pair in).
+
+    ``drafter.draft_vocab`` (``model.drafter.draft_vocab``): train over that reduced vocabulary (recorded
+    in the checkpoint). ``train.feature_cache=DIR``: the verifier's targets and taps come from that cache,
+    built on first use (:func:`feature_cache_for`)."""
+    from specbench.data.synth_dataset import load_synthetic
+    from specbench.drafters.draft_vocab import count_response_tokens, vocab_metadata
+    from specbench.drafters.model import check_draft_vocab
     from specbench.drafters.steering import resolve_spec
     from specbench.drafters.trained import LoraSettings, pair_metadata, trainable_drafter
     from specbench.models.pair import tokenizer_hash
@@ -253,6 +339,13 @@ def build_drafter_training(
     lora = LoraSettings(train.lora_rank, train.lora_alpha) if finetune == "lora" else None
     model = trainable_drafter(drafter.model, verifier.model, finetune, lora)
     model.train()
+    draft_vocab = getattr(drafter, "draft_vocab", None)
+    if draft_vocab is not None:
+        check_draft_vocab(model, draft_vocab, vocab_size)
+    top_k = getattr(train, "feature_top_k", None)
+    if top_k and train.loss == "rkl":
+        raise ValueError(TOP_K_RKL)
+    targets = TargetSpec(draft_vocab or DraftVocab.full(vocab_size), int(top_k) if top_k else None)
     steering = None
     if method == "sd2":
         d_layers = steering_cfg.d_layers if steering_cfg.d_layers == "all" else list(steering_cfg.d_layers)
@@ -260,6 +353,12 @@ def build_drafter_training(
             verifier.model, model, list(steering_cfg.v_layers), steering_cfg.guide_method, d_layers, steering_cfg.rank
         )
         steering = SteeredDrafter(model, spec)
+    cache_dir = getattr(train, "feature_cache", None)
+    cache = feature_cache_for(cfg, verifier, data, steering, targets, pad_id) if cache_dir else None
+    vocab_info = {}
+    if draft_vocab is not None:
+        counts = count_response_tokens(zip(data["train"]["input_ids"], data["train"]["loss_mask"]))
+        vocab_info = {**vocab_metadata(draft_vocab), "draft_vocab_coverage": round(draft_vocab.coverage(counts), 6)}
     metadata = {
         "method": method,
         **pair_metadata(verifier, drafter, vocab_size),
@@ -272,13 +371,47 @@ def build_drafter_training(
         "max_offset": train.max_offset,
         "data": str(train.data),
         "data_rows": {split: len(data[split]) for split in data},
+        **vocab_info,
+        "feature_top_k": targets.top_k,
+        "feature_cache": str(Path(cache_dir).expanduser()) if cache_dir else None,
     }
     val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(min(train.val_prompts, len(data["validation"]))))]
     module = DrafterTraining(
-        verifier.model, model, steering, train, vocab_size, metadata, val_prompts, eos_ids, pad_id
+        verifier.model, model, steering, train, vocab_size, metadata, val_prompts, eos_ids, pad_id, targets
     )
-    datamodule = SyntheticDataModule(data, train.batch_size, pad_id, train.seed, train.num_workers)
+    datamodule = SyntheticDataModule(data, train.batch_size, pad_id, train.seed, train.num_workers, cache)
     return module, datamodule
+
+
+def feature_cache_for(
+    cfg: Any, verifier: Any, data: Any, steering: SteeredDrafter | None, targets: TargetSpec, pad_id: int
+) -> Callable[[], FeatureCache]:
+    """What builds (first call) or opens ``train.feature_cache`` for a distill / SD² run; a directory
+    that cannot serve it (another verifier, other data or targets) is refused now, before training.
+
+    The cache holds the targets and the taps ``steering.v_layers`` for both methods: a distillation run
+    stores them too (it reads none), so the SD² run of the same data and settings reuses its cache, and
+    the other way round."""
+    from specbench.models.taps import check_taps
+    from specbench.training.features import build_feature_cache, cache_identity, open_feature_cache
+
+    train = cfg.train
+    directory = str(train.feature_cache)
+    if steering is not None:
+        stored = tuple(steering.spec.v_layers)
+    else:
+        key = "steering.v_layers (the taps a distill run's train.feature_cache stores for SD² runs)"
+        stored = check_taps(verifier.model, list(getattr(cfg.steering, "v_layers", None) or ()), key)
+    open_feature_cache(directory, cache_identity(verifier, data, stored, targets))  # refuse a mismatch now
+    reading = tuple(steering.spec.v_layers) if steering is not None else ()
+
+    def cache() -> FeatureCache:
+        return build_feature_cache(
+            directory, verifier, data, stored, targets, pad_id,
+            batch_size=int(getattr(train, "feature_batch_size", None) or 8), read=reading,
+        )  # fmt: skip
+
+    return cache
 
 
 def check_synthetic_source(meta: dict, verifier_name: str, verifier_tokenizer_hash: str, where: Any) -> None:

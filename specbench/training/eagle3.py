@@ -21,26 +21,25 @@ positions in both).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
 
-from specbench.drafters.draft_vocab import DraftVocab, count_response_tokens
+from specbench.drafters.draft_vocab import draft_vocab_for, vocab_metadata
 from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head, compact, resolve_taps
 from specbench.training.drafter import SyntheticDataModule
 from specbench.training.features import (
     FeatureCache,
-    FeatureSplit,
     TargetSpec,
     build_feature_cache,
     cache_identity,
+    collate_cached,
+    dense_targets,
     open_feature_cache,
-    predict_positions,
     verifier_batch,
 )
 from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
@@ -151,84 +150,14 @@ def tau_estimate(accuracies: Sequence[float]) -> float:
 # --- data -----------------------------------------------------------------------------------------------
 
 
-class Eagle3Rows(Dataset):
-    """task=synth rows of one split, each with its cached verifier features and targets when given."""
-
-    def __init__(self, table: Any, cached: FeatureSplit | None = None):
-        self.table = table.select_columns(["input_ids", "loss_mask", "prompt_len"])
-        self.cached = cached
-        if cached is not None and len(cached) != len(self.table):
-            raise ValueError(
-                f"the feature cache has {len(cached)} rows of this split, the data {len(self.table)}"
-            )
-
-    def __len__(self) -> int:
-        return len(self.table)
-
-    def __getitem__(self, index: int) -> dict:
-        row = dict(self.table[int(index)])
-        if self.cached is not None:
-            row.update(self.cached.row(int(index)))
-        return row
-
-
 def collate(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded batch; cached features / targets become dense (B, T, ·) tensors."""
-    from specbench.training.drafter import pad_batch
-
-    batch = pad_batch(rows, pad_id)
-    if "features" not in rows[0]:
-        return batch
-    size, length = batch["input_ids"].shape
-    features = torch.zeros((size, length, rows[0]["features"].shape[-1]), dtype=rows[0]["features"].dtype)
-    for i, row in enumerate(rows):
-        features[i, : row["features"].shape[0]] = row["features"]
-    batch["features"] = features
-    if "target_values" not in rows[0]:
-        return batch
-    predict = predict_positions(batch["attention_mask"], batch["loss_mask"])
-    width = rows[0]["target_values"].shape[-1]
-    values = torch.zeros((size, length, width), dtype=rows[0]["target_values"].dtype)
-    in_vocab = torch.zeros((size, length), dtype=torch.bool)
-    index = torch.zeros((size, length, width), dtype=torch.long) if "target_index" in rows[0] else None
-    for i, row in enumerate(rows):
-        values[i, predict[i]] = row["target_values"]
-        in_vocab[i, predict[i]] = row["in_vocab"]
-        if index is not None:
-            index[i, predict[i]] = row["target_index"]
-    batch.update(predict=predict, target_values=values, in_vocab=in_vocab)
-    if index is not None:
-        batch["target_index"] = index
-    return batch
+    return dense_targets(collate_cached(rows, pad_id))
 
 
 class Eagle3DataModule(SyntheticDataModule):
-    """The synth rows of :class:`SyntheticDataModule`, with the feature cache when one is configured:
-    ``cache`` builds it (once, in ``prepare_data``, i.e. on rank 0) or opens it."""
-
-    def __init__(
-        self,
-        data: Any,
-        batch_size: int,
-        pad_id: int,
-        seed: int = 0,
-        num_workers: int = 0,
-        cache: Callable[[], FeatureCache] | None = None,
-    ):
-        super().__init__(data, batch_size, pad_id, seed, num_workers)
-        self._cache = cache
-        self.features: FeatureCache | None = None
-
-    def prepare_data(self) -> None:
-        if self._cache is not None:
-            self._cache()
-
-    def setup(self, stage: str | None = None) -> None:
-        if self._cache is not None and self.features is None:
-            self.features = self._cache()
-
-    def rows(self, split: str) -> Eagle3Rows:
-        return Eagle3Rows(self.data[split], self.features[split] if self.features is not None else None)
+    """The synth rows of :class:`SyntheticDataModule` (with the feature cache when one is configured),
+    targets dense as :func:`ttt_loss` reads them."""
 
     def collate(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         return collate(batch, self.pad_id)
@@ -355,22 +284,6 @@ def speculative_tau(module: Eagle3Training, prompts: list[list[int]]) -> float:
 # --- building it from the config ------------------------------------------------------------------------
 
 
-def draft_vocab_for(data: Any, draft_vocab_size: int | None, vocab_size: int) -> tuple[DraftVocab, float]:
-    """The draft vocabulary of the training split's response tokens (None: the full vocabulary) and the
-    share of response tokens it covers."""
-    counts = count_response_tokens(zip(data["train"]["input_ids"], data["train"]["loss_mask"]))
-    if draft_vocab_size is None or int(draft_vocab_size) == vocab_size:
-        vocab = DraftVocab.full(vocab_size)
-    else:
-        if not 1 <= int(draft_vocab_size) <= vocab_size:
-            raise ValueError(
-                f"train.draft_vocab_size must be in [1, {vocab_size}] (the verifier vocabulary) or null "
-                f"(the full vocabulary), got {draft_vocab_size}"
-            )
-        vocab = DraftVocab.from_counts(counts, int(draft_vocab_size), vocab_size)
-    return vocab, vocab.coverage(counts)
-
-
 def head_metadata(verifier: Any, head: Eagle3Head, vocab_size: int) -> dict:
     """What ties a head to its verifier (checked when it is loaded) and rebuilds its architecture."""
     from specbench.drafters.eagle3_format import verifier_identity
@@ -381,9 +294,7 @@ def head_metadata(verifier: Any, head: Eagle3Head, vocab_size: int) -> dict:
         **verifier_identity(verifier, vocab_size),
         "layer_arch": head.config.model_type,
         "taps": list(head.taps),
-        "draft_vocab_size": head.vocab.size,
-        "draft_vocab_ids": head.vocab.draft_ids.tolist(),
-        "draft_vocab_fingerprint": head.vocab.fingerprint(),
+        **vocab_metadata(head.vocab),
         "lm_head": "trained" if head.lm_head.weight.requires_grad else "verifier",
         "head_parameters": head.num_parameters(trainable_only=True),
     }
@@ -394,7 +305,7 @@ def build_eagle3_training(
 ) -> tuple[Eagle3Training, Eagle3DataModule]:
     """The LightningModule and DataModule of ``task=train method=eagle3`` (``verifier`` a LoadedModel;
     ``vocab_size`` the vocabulary p and q are compared over, ``shared_vocab_size``)."""
-    from specbench.data.synthetic import load_synthetic
+    from specbench.data.synth_dataset import load_synthetic
     from specbench.models.pair import tokenizer_hash
     from specbench.training.drafter import check_synthetic_source
 

@@ -9,11 +9,15 @@ One frozen-verifier pass over a synthetic dataset (``task=synth`` rows) gives, p
   restricted to a draft vocabulary (all of them, or the top-k), plus whether the verifier's argmax over
   the *full* vocabulary lies in the draft vocabulary (EAGLE-3 / SpecForge count only those positions).
 
-:func:`verifier_batch` computes them for a padded batch (the on-the-fly path). ``train.feature_cache=DIR``
-stores them once (bf16) so that a training step runs only the drafter; :func:`open_feature_cache` reuses a
-directory only when it was made by the same verifier (name, weights fingerprint, tokenizer hash) from the
-same data, with the requested taps (a superset is fine: an SD² run may read other layers of one cache)
-and the same targets; otherwise it stops with a message naming the difference.
+:func:`verifier_targets` computes them for a padded batch (the on-the-fly path), the targets packed as
+the cache stores them (one row per response-predicting position); :func:`verifier_batch` scatters them
+to (B, T, ·) as the EAGLE-3 loss reads them. ``train.feature_cache=DIR`` stores them once (bf16) so that a
+training step runs only the drafter (EAGLE-3 heads, and distill / SD² drafters: :class:`CachedRows` and
+:func:`collate_cached` give the batches); :func:`open_feature_cache` reuses a directory only when it was
+made by the same verifier (name, weights fingerprint, tokenizer hash) from the same data, with the
+requested taps (a superset is fine: an SD² run may read other layers of one cache, a distillation run
+none) and the same targets (draft vocabulary and top-k); otherwise it stops with a message naming the
+difference.
 
 Layout of DIR: ``features.json`` (identity + sizes, written last: a directory without it is rebuilt),
 per split ``{split}-offsets.npy`` (row offsets into tokens and targets), ``{split}-tap{i}.bf16`` (tokens,
@@ -37,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from specbench.drafters.draft_vocab import DraftVocab
 from specbench.models.taps import check_taps, record_states
@@ -95,6 +100,48 @@ class TargetSpec:
 
 
 @torch.no_grad()
+def verifier_targets(
+    model: nn.Module, batch: dict[str, torch.Tensor], taps: Sequence[int], targets: TargetSpec | None
+) -> dict[str, torch.Tensor]:
+    """The verifier pass over a right-padded batch (``input_ids``, ``attention_mask``, ``loss_mask``), its
+    targets packed as the cache stores them: ``features`` (B, T, len(taps)·H) in ``taps`` order (absent
+    without taps); with ``targets``: ``predict`` (B, T) bool and, for the N predict positions in row-major
+    order (the order of ``tensor[predict]``), ``target_values`` (N, K) restricted logits (fp32),
+    ``target_index`` (N, K) draft ids (top-k only) and ``in_vocab`` (N,) bool."""
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+    states, last = verifier_taps(model, ids, attention, taps)
+    out = {"features": torch.cat([states[t] for t in taps], dim=-1)} if taps else {}
+    if targets is None:
+        return out
+    predict = predict_positions(attention, batch["loss_mask"])
+    vocab = targets.vocab
+    logits = model.get_output_embeddings()(last[predict])[:, : vocab.vocab_size].float()
+    values = vocab.restrict(logits)
+    out.update(predict=predict, in_vocab=vocab.contains(logits.argmax(dim=-1)))
+    if targets.top_k:
+        values, out["target_index"] = torch.topk(values, min(targets.top_k, vocab.size), dim=-1)
+    out["target_values"] = values
+    return out
+
+
+PACKED_TARGETS = ("target_values", "target_index", "in_vocab")
+
+
+def dense_targets(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` with its packed targets (N, ·) scattered to (B, T, ·) at the ``predict`` positions (0, or
+    False, elsewhere)."""
+    if "target_values" not in batch:
+        return batch
+    predict, out = batch["predict"], dict(batch)
+    for key in PACKED_TARGETS:
+        if key in batch:
+            packed = batch[key]
+            dense = packed.new_zeros((*predict.shape, *packed.shape[1:]))
+            dense[predict] = packed
+            out[key] = dense
+    return out
+
+
 def verifier_batch(
     model: nn.Module, batch: dict[str, torch.Tensor], taps: Sequence[int], targets: TargetSpec | None
 ) -> dict[str, torch.Tensor]:
@@ -102,30 +149,7 @@ def verifier_batch(
     ``loss_mask``): ``features`` (B, T, len(taps)·H) in ``taps`` order; with ``targets``: ``predict``
     (B, T) bool, ``target_values`` (B, T, K) restricted logits (0 off the predict positions),
     ``target_index`` (B, T, K) draft ids (top-k only) and ``in_vocab`` (B, T) bool."""
-    ids, attention = batch["input_ids"], batch["attention_mask"]
-    states, last = verifier_taps(model, ids, attention, taps)
-    out = {"features": torch.cat([states[t] for t in taps], dim=-1)}
-    if targets is None:
-        return out
-    predict = predict_positions(attention, batch["loss_mask"])
-    vocab = targets.vocab
-    logits = model.get_output_embeddings()(last[predict])[:, : vocab.vocab_size].float()
-    restricted = vocab.restrict(logits)
-    values = restricted
-    index = None
-    if targets.top_k:
-        values, index = torch.topk(restricted, min(targets.top_k, vocab.size), dim=-1)
-    width = values.shape[-1]
-    dense_values = logits.new_zeros((*ids.shape, width))
-    dense_values[predict] = values
-    in_vocab = torch.zeros_like(predict)
-    in_vocab[predict] = vocab.contains(logits.argmax(dim=-1))
-    out.update(predict=predict, target_values=dense_values, in_vocab=in_vocab)
-    if index is not None:
-        dense_index = torch.zeros((*ids.shape, width), dtype=torch.long, device=ids.device)
-        dense_index[predict] = index
-        out["target_index"] = dense_index
-    return out
+    return dense_targets(verifier_targets(model, batch, taps, targets))
 
 
 # --- identity ------------------------------------------------------------------------------------------
@@ -288,7 +312,9 @@ class FeatureSplit:
     def row(self, index: int) -> dict[str, torch.Tensor]:
         maps = self._open()
         start, end = int(self.token_offsets[index]), int(self.token_offsets[index + 1])
-        out = {"features": torch.cat([_from_bits(maps[f"tap{t}"][start:end]) for t in self.taps], dim=-1)}
+        out = {}
+        if self.taps:
+            out["features"] = torch.cat([_from_bits(maps[f"tap{t}"][start:end]) for t in self.taps], dim=-1)
         if "values" in maps:
             start, end = int(self.target_offsets[index]), int(self.target_offsets[index + 1])
             out["target_values"] = _from_bits(maps["values"][start:end])
@@ -341,15 +367,20 @@ def build_feature_cache(
     pad_id: int,
     batch_size: int = 8,
     log: Callable[[str], None] = print,
+    read: Sequence[int] | None = None,
 ) -> FeatureCache:
-    """Run the verifier once over every row of ``data`` and write the cache (see the module docstring).
+    """Run the verifier once over every row of ``data`` and write the cache (see the module docstring);
+    an existing cache that serves these ``taps`` and ``targets`` is opened instead. ``read``: the taps the
+    returned cache's rows hold, in this order (default: ``taps``; a subset, e.g. none for a distillation
+    run that stores SD²'s taps for a later run).
 
     Rows are batched by length (little padding); files are written under ``DIR/.partial`` and moved into
     place, ``features.json`` last, so an interrupted build leaves no cache that looks complete."""
     directory = Path(directory).expanduser()
     requested = tuple(int(t) for t in taps)
+    reading = requested if read is None else tuple(int(t) for t in read)
     wanted = cache_identity(verifier, data, requested, targets)
-    existing = open_feature_cache(directory, wanted, requested)
+    existing = open_feature_cache(directory, wanted, reading)
     if existing is not None:
         return existing
     partial = directory / ".partial"
@@ -389,7 +420,10 @@ def build_feature_cache(
         for first in range(0, len(order), batch_size):
             chosen = [int(i) for i in order[first : first + batch_size]]
             batch = _pad_rows([table[i] for i in chosen], pad_id, model.device)
-            out = verifier_batch(model, batch, taps, targets)
+            out = verifier_targets(model, batch, taps, targets)
+            if targets is not None:  # where each row's targets start in the packed (N, K) tensors
+                found = out["predict"].sum(dim=1).tolist()
+                begins = np.concatenate([[0], np.cumsum(found)]).astype(np.int64)
             for slot, row in enumerate(chosen):
                 length = int(tokens[row])
                 start = int(offsets[0, row])
@@ -397,19 +431,17 @@ def build_feature_cache(
                     tap = out["features"][slot, :length, k * hidden : (k + 1) * hidden]
                     tap_maps[t][start : start + length] = _bf16_bits(tap)
                 if targets is not None:
-                    where = out["predict"][slot]
                     start, count = int(offsets[1, row]), int(n_targets[row])
-                    if int(where.sum()) != count:
+                    if int(found[slot]) != count:
                         raise RuntimeError(
-                            f"{split} row {row}: {int(where.sum())} target positions, expected {count}"
+                            f"{split} row {row}: {int(found[slot])} target positions, expected {count}"
                         )
-                    values[start : start + count] = _bf16_bits(out["target_values"][slot][where])
-                    in_vocab[start : start + count] = (
-                        out["in_vocab"][slot][where].cpu().numpy().astype(np.uint8)
-                    )
+                    packed = slice(int(begins[slot]), int(begins[slot]) + count)
+                    values[start : start + count] = _bf16_bits(out["target_values"][packed])
+                    in_vocab[start : start + count] = out["in_vocab"][packed].cpu().numpy().astype(np.uint8)
                     if index is not None:
                         index[start : start + count] = (
-                            out["target_index"][slot][where].cpu().numpy().astype(np.int32)
+                            out["target_index"][packed].cpu().numpy().astype(np.int32)
                         )
             done = min(first + batch_size, len(order))
             if done == len(order) or (first // batch_size) % 50 == 0:
@@ -437,7 +469,7 @@ def build_feature_cache(
     (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     partial.rmdir()
     log(f"feature cache written to {directory} ({meta['build_seconds']} s)")
-    return FeatureCache(directory, meta, requested)
+    return FeatureCache(directory, meta, reading)
 
 
 def _pad_rows(rows: Iterable[dict], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -445,3 +477,47 @@ def _pad_rows(rows: Iterable[dict], pad_id: int, device: torch.device) -> dict[s
 
     batch = pad_batch(list(rows), pad_id)
     return {k: v.to(device) for k, v in batch.items()}
+
+
+# --- rows and batches that carry the cache -------------------------------------------------------------
+
+
+class CachedRows(Dataset):
+    """task=synth rows of one split, each with its cached verifier features and targets when given."""
+
+    def __init__(self, table: Any, cached: FeatureSplit | None = None):
+        self.table = table.select_columns(["input_ids", "loss_mask", "prompt_len"])
+        self.cached = cached
+        if cached is not None and len(cached) != len(self.table):
+            raise ValueError(
+                f"the feature cache has {len(cached)} rows of this split, the data {len(self.table)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int) -> dict:
+        row = dict(self.table[int(index)])
+        if self.cached is not None:
+            row.update(self.cached.row(int(index)))
+        return row
+
+
+def collate_cached(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch of :class:`CachedRows` rows, packed as :func:`verifier_targets` packs the live
+    pass: ``features`` (B, T, ·) zero-padded; ``predict`` (B, T) and the rows' targets concatenated in row
+    order (N, ·). Rows without cached tensors give the plain padded batch."""
+    from specbench.training.drafter import pad_batch
+
+    batch = pad_batch(rows, pad_id)
+    first = rows[0]
+    if "features" in first:
+        size, length = batch["input_ids"].shape
+        features = first["features"].new_zeros((size, length, first["features"].shape[-1]))
+        for i, row in enumerate(rows):
+            features[i, : row["features"].shape[0]] = row["features"]
+        batch["features"] = features
+    if "target_values" in first:
+        batch["predict"] = predict_positions(batch["attention_mask"], batch["loss_mask"])
+        batch.update({key: torch.cat([row[key] for row in rows]) for key in PACKED_TARGETS if key in first})
+    return batch

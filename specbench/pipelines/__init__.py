@@ -1,0 +1,5 @@
+"""Pipelines: the jobs that run the engine (or a serving backend) over a prompt set and write data.
+
+``synthesize``: ``task=synth``'s sampling loop with resume (methods.md §6); the rows and saved datasets it
+writes are described in :mod:`specbench.data.synth_rows` and :mod:`specbench.data.synth_dataset`.
+"""

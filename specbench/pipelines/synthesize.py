@@ -1,0 +1,478 @@
+"""The ``task=synth`` pipeline (methods.md §6): sample training rows from the verifier, resumably.
+
+:func:`synthesize` samples from the verifier, per prompt of a prompt set (the chat template applied as
+in eval), up to ``target_len`` tokens in all, through a :class:`ResponseBackend` (the HF engine, or a
+serving engine), and writes
+
+- ``<out>/rows-shard{i}-of-{n}.jsonl``: one row per prompt (:mod:`specbench.data.synth_rows`), appended
+  and flushed after every batch (a crashed or requeued job resumes from it), next to
+  ``rows-shard{i}-of-{n}.settings.json`` (what made the rows, :func:`run_identity`; a rerun with other
+  settings stops instead of mixing them, :func:`check_resumable`);
+- ``<out>/dataset`` (``<out>/dataset-shard{i}-of-{n}`` when ``num_shards`` > 1): the saved DatasetDict
+  and its metadata (:mod:`specbench.data.synth_dataset`, read back with
+  :func:`~specbench.data.synth_dataset.load_synthetic`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from specbench.data.dataset_config import DatasetSettings
+from specbench.data.datasets import encode_sample
+from specbench.data.prompts import Prompt
+from specbench.data.synth_dataset import _differences, dataset_path, save_dataset
+from specbench.data.synth_rows import (
+    FORMAT,
+    FORMAT_VERSION,
+    SynthDataError,
+    _iter_rows,
+    _Packed,
+    _write_json,
+    make_row,
+    rows_path,
+    settings_path,
+    validation_ids,
+)
+
+if TYPE_CHECKING:  # imported lazily: the engine is slow to import
+    from specbench.models.loading import LoadedModel, ModelSpec
+
+# Called after each batch is written, with the source indices of its new rows and the rows.
+SynthCallback = Callable[[list[int], list[dict]], None]
+
+
+class ResponseBackend(Protocol):
+    """What samples the responses of one batch for :func:`synthesize`: the HF engine by default
+    (:class:`EngineBackend`), or a serving engine (``specbench.serving.openai_backend``).
+
+    ``generate`` gets the prompts (token ids, chat template applied), each row's budget of new tokens and
+    each row's seed (:func:`batch_seed` of its job id), and returns every row's generated ids (EOS
+    included when the row ended there) and the batch's wall time in seconds.
+    """
+
+    def generate(
+        self, prompts: list[list[int]], budgets: list[int], seeds: list[int]
+    ) -> tuple[list[list[int]], float]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class EngineBackend:
+    """specbench's own decoding loop (autoregressive, the verifier alone): one seed per batch, the first
+    row's (so a batch draws what it drew before backends existed), and one budget, the largest."""
+
+    def __init__(self, verifier: LoadedModel, settings: SynthSettings):
+        from specbench.decoding.engine import GenerationSettings
+        from specbench.decoding.schedules import DraftSchedule
+        from specbench.evaluation import build_engines
+
+        self.engine, _ = build_engines(
+            verifier,
+            None,
+            None,
+            DraftSchedule(),
+            GenerationSettings(
+                max_new_tokens=settings.target_len - 1,
+                temperature=settings.temperature,
+                top_k=settings.top_k,
+                top_p=settings.top_p,
+                seed=settings.seed,
+            ),
+            baseline=False,
+        )
+
+    def generate(
+        self, prompts: list[list[int]], budgets: list[int], seeds: list[int]
+    ) -> tuple[list[list[int]], float]:
+        engine = self.engine
+        engine.settings = dataclasses.replace(engine.settings, max_new_tokens=max(budgets))
+        engine.reseed(seeds[0])
+        results = engine.generate(prompts)
+        return [r.output_ids for r in results], results[0].wall_time
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "hf"}
+
+
+@dataclass(frozen=True)
+class SynthSettings:
+    """The values of the ``synth`` config that decide what is sampled (``output_dir`` and ``resume``
+    are arguments of :func:`synthesize`). Bad values raise ValueError naming the ``synth.*`` key."""
+
+    target_len: int = 256
+    max_prompt_len: int = 192
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    batch_size: int = 16
+    validation_fraction: float = 0.05
+    num_shards: int = 1
+    shard_id: int = 0
+    responses_per_prompt: int = 1
+    max_new_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.responses_per_prompt < 1:
+            raise ValueError(f"synth.responses_per_prompt must be >= 1, got {self.responses_per_prompt}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"synth.max_new_tokens must be >= 1 or null, got {self.max_new_tokens}")
+        if self.target_len < 2:
+            raise ValueError(
+                f"synth.target_len must be >= 2 (prompt + generated tokens), got {self.target_len}"
+            )
+        if self.max_prompt_len < 1:
+            raise ValueError(f"synth.max_prompt_len must be >= 1, got {self.max_prompt_len}")
+        if self.max_prompt_len >= self.target_len:
+            raise ValueError(
+                f"synth.max_prompt_len must be < synth.target_len={self.target_len} (room for at least "
+                f"one generated token), got {self.max_prompt_len}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"synth.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"synth.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"synth.top_p must be in (0, 1], got {self.top_p}")
+        if self.batch_size < 1:
+            raise ValueError(f"synth.batch_size must be >= 1, got {self.batch_size}")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(f"synth.validation_fraction must be in [0, 1), got {self.validation_fraction}")
+        if self.num_shards < 1:
+            raise ValueError(f"synth.num_shards must be >= 1, got {self.num_shards}")
+        if not 0 <= self.shard_id < self.num_shards:
+            raise ValueError(
+                f"synth.shard_id must be in [0, synth.num_shards={self.num_shards}), got {self.shard_id}"
+            )
+
+    @classmethod
+    def from_config(cls, node: Any) -> SynthSettings:
+        """From a ``synth`` config node or mapping (other keys, e.g. ``output_dir``, are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{name: node[name] for name in names if name in node})
+
+
+@dataclass
+class SynthResult:
+    """What :func:`synthesize` made: the saved dataset, its metadata and this process's numbers."""
+
+    dataset_dir: Path
+    metadata: dict[str, Any]
+    new_rows: int = 0
+    new_generated_tokens: int = 0
+    wall_time_s: float = 0.0  # decoding time of this process
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_generated_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def summary(self) -> dict[str, float | int]:
+        """Flat numbers for MLflow and Hydra sweeps."""
+        m = self.metadata
+        return {
+            "rows": m["rows"],
+            "train_rows": m["train_rows"],
+            "validation_rows": m["validation_rows"],
+            "tokens": m["tokens"],
+            "generated_tokens": m["generated_tokens"],
+            "finished_by_eos": m["finished_by_eos"],
+            "skipped": m["skipped_prompts"],
+            "resumed_rows": m["rows"] - self.new_rows,
+            "new_rows": self.new_rows,
+            "tokens_per_s": self.tokens_per_s,
+            "wall_time_s": self.wall_time_s,
+        }
+
+
+# -- batches -----------------------------------------------------------------------------------------
+
+
+def job_id(source_index: int, response_index: int, responses_per_prompt: int) -> int:
+    """One number per (prompt, response): the source index itself when each prompt gets one response."""
+    return source_index * responses_per_prompt + response_index
+
+
+def batch_seed(seed: int, first_index: int) -> int:
+    """The sampling seed of the batch whose first job (:func:`job_id`) is ``first_index`` (independent of
+    what ran before it, so a resumed run draws the same numbers as an uninterrupted one)."""
+    digest = hashlib.sha256(f"synth:{seed}:{first_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def plan_batches(lengths: Mapping[int, int], batch_size: int) -> list[list[int]]:
+    """Batches of source indices, sorted by prompt length (then index) so a batch shares one budget."""
+    order = sorted(lengths, key=lambda i: (lengths[i], i))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+# -- identity of a run -------------------------------------------------------------------------------
+
+
+def run_identity(
+    verifier_spec: ModelSpec,
+    settings: SynthSettings,
+    dataset: DatasetSettings | None = None,
+    tokenizer_hash: str | None = None,
+    verifier_name: str | None = None,
+) -> dict[str, Any]:
+    """What decides the rows (flat, keyed by config key): the verifier (spec, name, tokenizer hash),
+    the sampling settings, ``target_len`` / ``max_prompt_len`` and the prompt set. A rerun into the
+    same output dir must match it. ``tokenizer_hash`` / ``verifier_name`` left None (not known before
+    the model loads) are left out, and so not compared.
+    """
+    identity: dict[str, Any] = {}
+    if verifier_name is not None:
+        identity["verifier"] = verifier_name
+    if tokenizer_hash is not None:
+        identity["tokenizer_hash"] = tokenizer_hash
+    from specbench.models.sharding import PLACEMENT_FIELDS
+
+    # Where the weights sit (device_map, offloading) does not change the rows: a resume may move them.
+    identity.update(
+        {
+            f"model.verifier.{k}": v
+            for k, v in dataclasses.asdict(verifier_spec).items()
+            if k not in PLACEMENT_FIELDS
+        }
+    )
+    for key in ("target_len", "max_prompt_len", "temperature", "top_k", "top_p", "seed"):
+        identity[f"synth.{key}"] = getattr(settings, key)
+    for key, default in (("responses_per_prompt", 1), ("max_new_tokens", None)):
+        if getattr(settings, key) != default:  # absent at the default: identities of older runs still match
+            identity[f"synth.{key}"] = getattr(settings, key)
+    if dataset is not None:
+        identity.update({f"dataset.{k}": v for k, v in dataclasses.asdict(dataset).items()})
+    return json.loads(json.dumps(identity))  # as it reads back from JSON (tuples → lists)
+
+
+def check_resumable(out_dir: str | Path, settings: SynthSettings, identity: Mapping[str, Any]) -> None:
+    """Raise SynthDataError if ``out_dir`` holds rows of this shard made with other settings.
+
+    Loads no model; only keys that ``identity`` has are compared (see :func:`run_identity`).
+    """
+    rows_file = rows_path(out_dir, settings.shard_id, settings.num_shards)
+    if not rows_file.exists():
+        return
+    fix = "pass synth.resume=false to start over (the old rows are kept aside) or choose another synth.output_dir"
+    record_file = settings_path(out_dir, settings.shard_id, settings.num_shards)
+    try:
+        record = json.loads(record_file.read_text(encoding="utf-8"))
+        saved = record["identity"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SynthDataError(
+            f"synth.output_dir: {rows_file} exists but its settings file {record_file.name} is missing or "
+            f"unreadable ({type(err).__name__}), so the rows cannot be checked against this run; {fix}"
+        ) from err
+    changed = _differences(saved, identity, sorted(identity))
+    if changed:
+        shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
+        raise SynthDataError(
+            f"synth.output_dir: {rows_file} holds rows made with other settings ({shown}); {fix}"
+        )
+
+
+def _set_aside(paths: Iterable[Path]) -> list[Path]:
+    """Rename existing ``paths`` to ``<name>.replaced-<time>`` (never delete rows)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moved = []
+    for path in paths:
+        if path.exists():
+            target = path.with_name(f"{path.name}.replaced-{stamp}-{os.getpid()}")
+            path.rename(target)
+            moved.append(target)
+    return moved
+
+
+# -- sampling ----------------------------------------------------------------------------------------
+
+
+def synthesize(
+    verifier: LoadedModel,
+    prompts: Sequence[Prompt],
+    settings: SynthSettings,
+    out_dir: str | Path,
+    *,
+    dataset: DatasetSettings | None = None,
+    prompt_format: str = "auto",
+    resume: bool = True,
+    progress: bool = True,
+    on_batch: SynthCallback | None = None,
+    extra_metadata: Mapping[str, Any] | None = None,
+    backend: ResponseBackend | None = None,
+) -> SynthResult:
+    """Sample this shard's rows from ``verifier`` into ``out_dir`` and save them as a DatasetDict.
+
+    Prompts ``i`` with ``i % num_shards == shard_id`` are encoded like eval does
+    (:func:`specbench.data.datasets.encode_sample`); those longer than ``max_prompt_len`` are skipped
+    and counted. Batches of similar length share a budget of ``target_len`` minus their shortest prompt
+    and each row is cut to ``target_len`` tokens; every batch is sampled with its own seed
+    (:func:`batch_seed`) and its rows are flushed to the rows file before the next one. With ``resume``,
+    rows already in the file (same settings, else SynthDataError) are kept and only missing prompts run.
+    ``backend`` generates the responses (default: :class:`EngineBackend`, the verifier in this process).
+    """
+    from tqdm.auto import tqdm
+
+    from specbench.evaluation import eos_token_ids, pad_token_id, shard_indices
+    from specbench.models.pair import tokenizer_hash
+
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = verifier.tokenizer
+    identity = run_identity(verifier.spec, settings, dataset, tokenizer_hash(tokenizer), verifier.name)
+    rows_file = rows_path(out, settings.shard_id, settings.num_shards)
+    record_file = settings_path(out, settings.shard_id, settings.num_shards)
+
+    selected = shard_indices(len(prompts), settings.num_shards, settings.shard_id)
+    encoded: dict[int, list[int]] = {}
+    formats: set[str] = set()
+    skipped: list[int] = []
+    for index in selected:
+        ids, used = encode_sample(tokenizer, prompts[index], prompt_format)
+        formats.add(used)
+        if 1 <= len(ids) <= settings.max_prompt_len:
+            encoded[index] = ids
+        else:
+            skipped.append(index)
+
+    responses = settings.responses_per_prompt
+    jobs = {job_id(i, k, responses): (i, k) for i in encoded for k in range(responses)}
+    done: dict[int, _Packed] = {}  # by job id
+    if rows_file.exists() and resume:
+        check_resumable(out, settings, identity)
+        for number, row in _iter_rows(rows_file, repair=True, target_len=settings.target_len):
+            index, response = row["source_index"], int(row.get("response_index", 0))
+            job = job_id(index, response, responses)
+            problem = None
+            if job in done:
+                problem = "is a duplicate"
+            elif index not in encoded or response >= responses:
+                problem = "is not a prompt of this shard"
+            elif row["input_ids"][: row["prompt_len"]] != encoded[index]:
+                problem = "has another prompt than this run encodes"
+            if problem:
+                raise SynthDataError(
+                    f"{rows_file}:{number}: the row of source_index {index} (response {response}) {problem}; pass "
+                    "synth.resume=false to start over (the old rows are kept aside) or choose another "
+                    "synth.output_dir"
+                )
+            done[job] = _Packed.of(row)
+    elif rows_file.exists() or record_file.exists():
+        for moved in _set_aside([rows_file, record_file]):
+            print(f"synth.resume=false: kept the earlier file as {moved}", file=sys.stderr)
+    _write_json(record_file, {"format": FORMAT, "version": FORMAT_VERSION, "identity": identity})
+
+    backend = backend or EngineBackend(verifier, settings)
+    eos = eos_token_ids(verifier.model, tokenizer)
+    batches = plan_batches({j: len(encoded[i]) for j, (i, _) in jobs.items()}, settings.batch_size)
+    todo = [b for b in batches if any(i not in done for i in b)]
+    if done:
+        missing = sum(i not in done for b in todo for i in b)
+        print(f"resuming {rows_file}: {len(done)} rows done, {missing} to sample")
+    new_rows, new_tokens, wall = 0, 0, 0.0
+    bar = tqdm(
+        total=sum(i not in done for b in todo for i in b), desc="synth", unit="row", disable=not progress
+    )
+    with open(rows_file, "a", encoding="utf-8") as handle:
+        for batch in todo:
+            budgets = [settings.target_len - len(encoded[jobs[j][0]]) for j in batch]
+            if settings.max_new_tokens is not None:
+                budgets = [min(b, settings.max_new_tokens) for b in budgets]
+            outputs, seconds = backend.generate(
+                [encoded[jobs[j][0]] for j in batch], budgets, [batch_seed(settings.seed, j) for j in batch]
+            )
+            wall += seconds
+            written = []
+            for job, output_ids in zip(batch, outputs):
+                if job in done:
+                    continue  # a batch cut by a crash: its finished rows are kept as they were
+                index, response = jobs[job]
+                row = make_row(
+                    encoded[index], output_ids, settings.target_len, eos, index, prompts[index].id,
+                    response,
+                )
+                handle.write(json.dumps(row) + "\n")
+                done[job] = _Packed.of(row)
+                written.append(row)
+                new_tokens += len(row["input_ids"]) - row["prompt_len"]
+            handle.flush()
+            os.fsync(handle.fileno())
+            new_rows += len(written)
+            bar.update(len(written))
+            bar.set_postfix_str(f"{new_tokens / wall if wall > 0 else 0.0:.1f} tok/s")
+            if on_batch is not None:
+                on_batch([r["source_index"] for r in written], written)
+    bar.close()
+
+    rows = [done[i] for i in sorted(done)]
+    metadata = _metadata(
+        verifier, settings, dataset, identity, rows, skipped, selected, formats, len(prompts), eos,
+        pad_token_id(tokenizer, eos),
+    )
+    metadata["backend"] = backend.describe()
+    metadata.update(dict(extra_metadata or {}))
+    target = dataset_path(out, settings.shard_id, settings.num_shards)
+    save_dataset(rows, metadata, target)
+    return SynthResult(target, metadata, new_rows=new_rows, new_generated_tokens=new_tokens, wall_time_s=wall)
+
+
+def _metadata(
+    verifier, settings, dataset, identity, rows, skipped, selected, formats, total, eos, pad_id
+) -> dict:
+    spec = verifier.spec
+    chosen = validation_ids((r.source_id for r in rows), settings.validation_fraction)
+    tokens = sum(len(r.ids) for r in rows)
+    metadata: dict[str, Any] = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "verifier": verifier.name,
+        "verifier_kind": spec.kind,
+        "verifier_path": spec.path,
+        "verifier_revision": spec.revision,
+        "verifier_spec": dataclasses.asdict(spec),
+        "tokenizer_hash": identity["tokenizer_hash"],
+        "tokenizer_size": len(verifier.tokenizer),
+        "eos_token_ids": list(eos),
+        "pad_token_id": pad_id,
+        "dtype": str(verifier.model.dtype).removeprefix("torch."),
+        "device": str(verifier.model.device),
+        "seed": settings.seed,
+        "sampling": {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p},
+        "target_len": settings.target_len,
+        "max_prompt_len": settings.max_prompt_len,
+        "responses_per_prompt": settings.responses_per_prompt,
+        "max_new_tokens": settings.max_new_tokens,
+        "batch_size": settings.batch_size,
+        "validation_fraction": settings.validation_fraction,
+        "prompt_format": formats.pop() if len(formats) == 1 else ("mixed" if formats else "none"),
+        "shard_id": settings.shard_id,
+        "num_shards": settings.num_shards,
+        "prompts_total": total,
+        "prompts_in_shard": len(selected),
+        "rows": len(rows),
+        "train_rows": sum(r.source_id not in chosen for r in rows),
+        "validation_rows": sum(r.source_id in chosen for r in rows),
+        "tokens": tokens,
+        "generated_tokens": tokens - sum(r.prompt_len for r in rows),
+        "finished_by_eos": sum(r.finished_by_eos for r in rows),
+        "skipped_prompts": len(skipped),
+        "skipped_source_indices": skipped,
+        "identity": identity,
+    }
+    if dataset is not None:
+        metadata["dataset"] = {**dataclasses.asdict(dataset), **dataset.describe()}
+        metadata["source_split"] = {
+            "split": dataset.split,
+            "subset": dataset.subset,
+            "heldout_fraction": dataset.heldout_fraction,
+        }
+    return metadata
