@@ -26,7 +26,8 @@ TRAIN_OFFSETS = ("random", "blocked")  # train.offset
 DIVERSED_REGULARIZERS = ("tv", "l2")  # train.regularizer
 # train.reward (DIVERSED): the dataset's scorer or the verifier's mean log-likelihood of the rollout (REINFORCE),
 # or that likelihood's exact per-token expectation under the pool (expected_verifier_logp: no sampling variance)
-DIVERSED_REWARDS = ("task", "verifier_logp", "expected_verifier_logp")
+# per_token_gate: supervised, the head learns that objective's per-token optimum w_t = 1[Δ_t < λ·TV_t]
+DIVERSED_REWARDS = ("task", "verifier_logp", "expected_verifier_logp", "per_token_gate")
 DEFERRALS = ("chow", "diff", "opt", "token")
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")

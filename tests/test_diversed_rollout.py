@@ -253,3 +253,33 @@ def test_the_expected_likelihood_objective_moves_the_weight_as_its_trade_off_say
     trainer.fit(module, datamodule=data)
     after = module.rollout(data.train_items[:2]).weights.mean().item()
     assert direction * (after - before) > 0.05
+
+
+def test_the_gate_loss_is_cross_entropy_against_the_per_token_optimum():
+    from types import SimpleNamespace
+
+    from specbench.training.diversed_objective import gate_loss
+
+    cost = torch.tensor([[1.0, 6.0, 2.0, 9.0]])
+    tv = torch.tensor([[0.5, 0.5, 0.1, 0.9]])  # with λ = 5: labels 1, 0, 0, 0 (1 < 2.5, 6 > 2.5, 2 > 0.5, 9 > 4.5)
+    w = torch.tensor([[0.9, 0.2, 0.3, 0.6]], requires_grad=True)
+    mask = torch.tensor([[True, True, True, False]])
+    out = SimpleNamespace(drafting_cost=cost, verifier_agreement=1 - tv, weights=w, mask=mask)
+    loss = gate_loss(out, 5.0)
+    expected = -(torch.log(torch.tensor(0.9)) + torch.log(torch.tensor(0.8)) + torch.log(torch.tensor(0.7))) / 3
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    loss.backward()
+    assert w.grad[0, 0] < 0 and w.grad[0, 1] > 0 and w.grad[0, 3] == 0  # towards the labels; masked out: none
+
+
+def test_the_rollouts_drafting_cost_is_minus_the_likelihood_slope_of_the_linear_pool():
+    from specbench.training.diversed_rollout import expected_log_likelihood
+
+    g = torch.Generator().manual_seed(2)
+    log_p = torch.log_softmax(torch.randn(3, 30, generator=g), -1)
+    p, q = log_p.exp(), torch.softmax(torch.randn(3, 30, generator=g), -1)
+    cost = ((p - q) * log_p).sum(-1)  # what the rollout records
+    at = lambda w: expected_log_likelihood(log_p, p, q, torch.full((3,), w), "linear")
+    torch.testing.assert_close(at(1.0) - at(0.0), -cost)
+    out = run(ModelDrafter(drafter_model(), VOCAB), 0.5, temperature=1.0, seed=4, max_new=4)
+    assert out.drafting_cost.shape == out.weights.shape and not out.drafting_cost.requires_grad

@@ -217,6 +217,7 @@ class TrainConfig:
     regularizer_weight: float = 0.1
     # task: the dataset's per-sample scorer | verifier_logp: the verifier's mean log-likelihood per rollout token
     # (REINFORCE) | expected_verifier_logp: its exact per-token expectation under the pool (differentiable)
+    # | per_token_gate: cross-entropy to that objective's per-token optimum at lambda = regularizer_weight
     reward: str = "task"
     reward_weight: float = 1.0  # scale of the REINFORCE term (0: the regulariser alone)
     target_weight: float = 0.5  # l2 regulariser target draft weight

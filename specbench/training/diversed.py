@@ -36,6 +36,7 @@ from specbench.evaluation import build_engines, eos_token_ids, pad_token_id, pai
 from specbench.models.loading import LoadedModel
 from specbench.training.diversed_objective import (
     REGULARIZERS,
+    gate_loss,
     masked_mean,
     regularizer_loss,
     reinforce_loss,
@@ -235,12 +236,15 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         if s.reward == "expected_verifier_logp":  # the per-token expectation itself is the objective
             pg_loss = -masked_mean(result.expected_verifier_log_probs, result.mask)
             advantages = (reward_tensor - baseline).detach()
+        elif s.reward == "per_token_gate":
+            pg_loss = gate_loss(result, s.regularizer_weight)
+            advantages = (reward_tensor - baseline).detach()
         else:
             pg_loss, advantages = reinforce_loss(result.log_probs, result.mask, reward_tensor, baseline)
         pg_loss = s.reward_weight * pg_loss
         reg_loss = regularizer_loss(
             s.regularizer, s.regularizer_weight, result.agreement, result.weights, result.mask, s.target_weight
-        )
+        ) if s.reward != "per_token_gate" else torch.zeros((), device=pg_loss.device)  # λ sets the gate instead
         self.baseline = update_baseline(self.baseline, rewards, s.baseline_ema)
         mask = result.mask
         logs = {
@@ -259,7 +263,7 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
 
     def rewards_of(self, result: Rollout, items: Sequence[dict]) -> list[float]:
         """Per-rollout rewards: the dataset's scorer on the decoded texts, or the verifier's log-likelihood."""
-        if self.settings.reward in ("verifier_logp", "expected_verifier_logp"):
+        if self.settings.reward != "task":
             return result.mean_verifier_log_prob()
         return self.reward(self.decode(result.outputs()), items)
 

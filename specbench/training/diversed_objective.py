@@ -46,3 +46,15 @@ def update_baseline(baseline: float | None, rewards: Sequence[float], ema: float
     """EMA of the batch mean reward; the first batch sets it."""
     mean = float(sum(rewards) / len(rewards))
     return mean if baseline is None else ema * baseline + (1.0 - ema) * mean
+
+
+def gate_loss(rollout, strength: float) -> torch.Tensor:
+    """Cross-entropy of the head's w_t against the per-token optimum of the ``expected_verifier_logp`` + ``tv``
+    objective at strength λ: label 1 where drafting costs less likelihood than λ times the acceptance it buys,
+    Σ (p − q) log p < λ·TV(p, q). A supervised signal per token, where the objective's own gradient is dominated
+    by the shared bias (docs/diversed.md)."""
+    tv = 1.0 - rollout.verifier_agreement
+    label = (rollout.drafting_cost < strength * tv).to(rollout.weights.dtype)
+    w = rollout.weights.clamp(1e-6, 1 - 1e-6)
+    bce = -(label * torch.log(w) + (1.0 - label) * torch.log(1.0 - w))
+    return masked_mean(bce, rollout.mask)

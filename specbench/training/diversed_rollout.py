@@ -43,6 +43,7 @@ class Rollout:
     verifier_agreement: torch.Tensor  # (R, T) 1 − TV(p_t, q_t) (no grad): sd's acceptance at the same step
     verifier_log_probs: torch.Tensor  # (R, T) log p_t(y_t) under the untempered verifier (no grad)
     expected_verifier_log_probs: torch.Tensor  # (R, T) E_{y ~ π_t} log p_t(y), with the head's graph
+    drafting_cost: torch.Tensor  # (R, T) Σ (p_t − q_t) log p_t: likelihood lost per unit of w_t (no grad)
 
     def mean_verifier_log_prob(self) -> list[float]:
         """Per rollout, the verifier's mean log-likelihood per token of what was sampled."""
@@ -125,7 +126,7 @@ def rollout(
     drafter.prefill(state, view)
     alive = torch.ones(rows, dtype=torch.bool, device=device)
     out_tokens, masks, log_probs, agreements, weights, sd_agreements, verifier_lps = [], [], [], [], [], [], []
-    expected_lps = []
+    expected_lps, costs = [], []
     for step in range(max_new_tokens):
         proposal = drafter.propose(state, caps, sampler, want_hidden=True)
         if proposal.q is None or not bool((proposal.lengths == 1).all()):
@@ -146,7 +147,9 @@ def rollout(
             sd_agreements.append(1.0 - 0.5 * (p - q).abs().sum(dim=-1))
             verifier_lps.append(torch.log_softmax(logits[:, 0], dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1))
         log_prob, agreement = pooled_log_prob_and_agreement(p, q, w, token, pool)
-        expected_lps.append(expected_log_likelihood(torch.log_softmax(logits[:, 0], dim=-1), p, q, w, pool))
+        log_p = torch.log_softmax(logits[:, 0], dim=-1)
+        expected_lps.append(expected_log_likelihood(log_p, p, q, w, pool))
+        costs.append(((p - q) * log_p.clamp(min=-1e4)).sum(dim=-1).detach())
         out_tokens.append(token)
         masks.append(alive.clone())
         log_probs.append(log_prob)
@@ -167,4 +170,5 @@ def rollout(
         verifier_agreement=torch.stack(sd_agreements, dim=1),
         verifier_log_probs=torch.stack(verifier_lps, dim=1),
         expected_verifier_log_probs=torch.stack(expected_lps, dim=1),
+        drafting_cost=torch.stack(costs, dim=1),
     )
