@@ -303,12 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     from specbench.drafters.eagle3_format import load_eagle3_drafter
     from specbench.evaluation import eos_token_ids, pad_token_id
     from specbench.models import ModelSpec, load_verifier
+    from specbench.models.pair import verifier_vocab_size
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     verifier = load_verifier(ModelSpec(kind="embedded"), "cpu", "float32")
     tokenizer, model = verifier.tokenizer, verifier.model
-    vocab = min(len(tokenizer), model.get_output_embeddings().weight.shape[0])
+    vocab = verifier_vocab_size(model, tokenizer)
     drafter = load_eagle3_drafter(args.eagle, verifier, vocab, name="eagle3-smollm2-135m")
     tasks = [t for t in args.tasks.split(",") if t]
     questions = [q for q in heldout_questions(args.per_task) if task_of(q["category"]) in tasks]

@@ -43,11 +43,12 @@ def main(argv=None) -> int:
     from specbench.drafters.eagle3_format import load_eagle3_drafter
     from specbench.evaluation import eos_token_ids, pad_token_id
     from specbench.models import ModelSpec, load_verifier
+    from specbench.models.pair import verifier_vocab_size
 
     torch.set_num_threads(args.threads)
     verifier = load_verifier(ModelSpec(kind="embedded"), "cpu", "float32")
     tokenizer = verifier.tokenizer
-    vocab = min(len(tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+    vocab = verifier_vocab_size(verifier.model, tokenizer)
     drafter = load_eagle3_drafter(args.eagle, verifier, vocab)
     ids = [first_turn_ids(tokenizer, q) for q in heldout_questions(3, subset="train")][: args.questions]
     eos = eos_token_ids(verifier.model, tokenizer)

@@ -22,7 +22,7 @@ from specbench.drafters.model import ModelDrafter
 from specbench.drafters.sd2 import SD2Drafter
 from specbench.drafters.steering import SteeredDrafter
 from specbench.models.loading import LoadedModel
-from specbench.models.pair import shared_vocab_size
+from specbench.models.pair import shared_vocab_size, verifier_vocab_size
 
 WARMUP_TOKENS = 4
 
@@ -80,7 +80,7 @@ def pair_vocab_size(verifier: LoadedModel, drafter: LoadedModel | Drafter | None
     against a loaded drafter model's (:func:`shared_vocab_size` raises PairMismatchError)."""
     if isinstance(drafter, LoadedModel):
         return shared_vocab_size(verifier.model, drafter.model, verifier.tokenizer, drafter.tokenizer)
-    return min(len(verifier.tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+    return verifier_vocab_size(verifier.model, verifier.tokenizer)
 
 
 def build_engines(

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.early_exit import early_exit_drafter
 from specbench.models.embedded import EMBEDDED_NAME, embedded_model_dir
+from specbench.models.pair import verifier_vocab_size
 from specbench.models.sharding import (
     Placement,
     check_same_input_device,
@@ -149,7 +150,7 @@ def load_drafter(
     if spec.kind == "drafter":
         from specbench.drafters.build import build_drafter
 
-        vocab = min(len(verifier.tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+        vocab = verifier_vocab_size(verifier.model, verifier.tokenizer)
         return build_drafter(spec.target, dict(spec.params or {}), verifier, vocab, spec.name or None)
     wants_vocab = spec.draft_vocab_size is not None or spec.draft_vocab is not None
     vocab = drafter_vocab(spec, verifier) if wants_vocab else None  # before the drafter's weights load
@@ -167,7 +168,7 @@ def drafter_vocab(spec: ModelSpec, verifier: LoadedModel, key: str = "model.draf
 
     if not spec.draft_vocab:
         raise ConfigError(f"{key}.draft_vocab_size={spec.draft_vocab_size} needs {key}.draft_vocab=PATH")
-    vocab_size = min(len(verifier.tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+    vocab_size = verifier_vocab_size(verifier.model, verifier.tokenizer)
     try:
         vocab, info = load_draft_vocab(
             spec.draft_vocab, spec.draft_vocab_size, vocab_size, tokenizer_hash(verifier.tokenizer), key

@@ -39,6 +39,11 @@ def _lm_head_size(model: PreTrainedModel) -> int:
     return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
 
 
+def verifier_vocab_size(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> int:
+    """The vocabulary p is compared over for a verifier alone: its tokenizer's ids within its LM head."""
+    return min(len(tokenizer), int(model.get_output_embeddings().weight.shape[0]))
+
+
 def shared_vocab_size(
     verifier: PreTrainedModel,
     drafter: PreTrainedModel,
