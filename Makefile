@@ -18,8 +18,11 @@ demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python launch.py model/drafter=eagle3-smollm2
 	HF_HUB_OFFLINE=1 $(BIN)/python launch.py
 
+# Two pytest workers (the machines have 2 cores; each test runs one torch thread), whole files per worker so
+# a file's module-scoped fixtures load once. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check specbench tests launch.py benchmarks
