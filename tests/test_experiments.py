@@ -70,7 +70,7 @@ PRESETS = {
         "num_layers": 4,
         "method": "sd2",
         "steering": "sd2",
-        "v_layers": [3, 15, 27],
+        "v_layers": [2, 15, 27],
         "dataset": "spec_bench",
         "device": "cpu",
     },
