@@ -67,6 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", help="write (and with --resume, read) the per-question figures here")
     parser.add_argument("--resume", action="store_true", help="continue with the seeds --json does not hold yet")
     parser.add_argument("--plot", help="write the two-panel plot (PNG) here")
+    parser.add_argument("--replot", nargs="+", metavar="JSON",
+                        help="decode nothing: draw --plot from the rows of these --json files (same questions and "
+                        "seeds; a method in several is taken from the last)")
+    parser.add_argument("--reuse", help="a --json of an earlier run on the same questions, seeds, γ and length: "
+                        "its methods (all but auto) are taken from it, not decoded again (the engine is "
+                        "deterministic, so they would be token-identical); their speed is the earlier run's")
     return parser.parse_args(argv)
 
 
@@ -167,6 +173,17 @@ def methods(args, verifier, drafter) -> list[tuple[str, object | None, dict]]:
     return chosen
 
 
+def reusable(args, questions: list[dict], seeds: list[int]) -> dict[str, dict]:
+    """The per-method figures of an earlier ``--json`` run, if it measured the same thing; else an error."""
+    saved = json.loads(Path(args.reuse).read_text())
+    expected = {"question_ids": [q["question_id"] for q in questions], "seeds": seeds, "gamma": args.gamma,
+                "max_new_tokens": args.max_new_tokens, "eagle": args.eagle}  # fmt: skip
+    differ = [key for key, value in expected.items() if saved.get(key) != value]
+    if differ:
+        raise SystemExit(f"--reuse {args.reuse}: it measured other {', '.join(differ)}; rerun those methods instead")
+    return {name: raw for name, raw in saved["raw"].items() if raw["seeds"] == seeds}
+
+
 def decode(engine, ids: list[list[int]], batch_size: int):
     results, wall = [], 0.0
     for start in range(0, len(ids), batch_size):
@@ -242,7 +259,8 @@ def summarize(rows: dict[str, dict], resamples: int) -> None:
             row[f"{key}_ci"] = bootstrap_interval(values, resamples)
     auto = rows["auto"]["tokens_per_s"]
     for row in rows.values():
-        row["speedup"] = row["tokens_per_s"] / auto if auto else None
+        reference = row.get("speed_scale", auto)  # a reused row: against the autoregressive speed of its own run
+        row["speedup"] = row["tokens_per_s"] / reference if reference else None
 
 
 def print_table(rows: dict[str, dict]) -> None:
@@ -254,9 +272,12 @@ def print_table(rows: dict[str, dict]) -> None:
         acc = "-" if name == "auto" else f"{row['acceptance']:.3f}"
         lo, hi = row["verifier_logp_ci"]
         rlo, rhi = row["rouge_l_ci"]
+        name = f"{name} *" if "speed_scale" in row else name
         print(f"{name:<22} {w:>7} {acc:>7} {row['tau']:>5.2f} {row['tokens_per_s']:>6.1f} {row['speedup']:>5.2f}x "
               f"{row['verifier_logp']:>8.3f} [{lo:>6.3f}, {hi:>6.3f}] {row['rouge_l']:>10.1f} [{rlo:>5.1f}, {rhi:>5.1f}]")  # fmt: skip
     print("-" * len(header))
+    if any("speed_scale" in row for row in rows.values()):
+        print("* reused from --reuse: the same tokens; tok/s and vs AR are that run's")
 
 
 def plot(rows: dict[str, dict], path: Path) -> None:
@@ -268,7 +289,7 @@ def plot(rows: dict[str, dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     palette = plt.get_cmap("tab20").colors
     colors = {name: palette[i % len(palette)] for i, name in enumerate(rows)}  # one colour per method, both panels
-    for ax, x_key, x_label in ((axes[0], "acceptance", "acceptance rate"), (axes[1], "tokens_per_s", "tokens/s")):
+    for ax, x_key, x_label in ((axes[0], "acceptance", "acceptance rate"), (axes[1], "speedup", "tokens/s vs autoregressive")):
         static = sorted((n for n in rows if n == "sd" or n.startswith("static")), key=lambda n: rows[n]["acceptance"])
         ax.plot([rows[n][x_key] for n in static], [rows[n]["verifier_logp"] for n in static], "-", color="0.6",
                 zorder=1, label="static ensemble curve (sd = w 0)")  # fmt: skip
@@ -294,8 +315,23 @@ def plot(rows: dict[str, dict], path: Path) -> None:
     print(f"plot: {path}")
 
 
+def replot(paths: list[str], plot_path: str) -> int:
+    """The plot from saved rows of several runs of the same questions and seeds (no decoding)."""
+    saved = [json.loads(Path(p).read_text()) for p in paths]
+    if any(s.get("question_ids") != saved[0].get("question_ids") or s.get("seeds") != saved[0].get("seeds")
+           for s in saved):  # fmt: skip
+        raise SystemExit("--replot: the files measured different questions or seeds; they cannot share one plot")
+    rows = {name: row for s in saved for name, row in s["rows"].items()}
+    plot(rows, Path(plot_path))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        if not args.plot:
+            raise SystemExit("--replot needs --plot PATH")
+        return replot(args.replot, args.plot)
     import torch
     from harness import first_turn_ids, heldout_questions, task_of
 
@@ -323,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.max_new_tokens} new tokens, drafter {drafter.name}", flush=True)  # fmt: skip
 
     out = Path(args.json) if args.json else None
-    chosen = methods(args, verifier, drafter)
+    every = methods(args, verifier, drafter)
+    reused = reusable(args, questions, seeds) if args.reuse else {}
+    chosen = [c for c in every if c[0] not in reused or c[0] == "auto"]
     raws = {name: new_raw(len(ids)) for name, _, _ in chosen}
     if args.resume and out and out.is_file():
         saved = json.loads(out.read_text())
@@ -354,7 +392,14 @@ def main(argv: list[str] | None = None) -> int:
         save()
     done = raws["auto"]["seeds"]
     rows = {name: finish(raw) for name, raw in raws.items() if raw["seeds"] == done and done}
-    for name, _, meta in chosen:  # fixed weights: show the configured one
+    if reused and done == seeds:
+        earlier_auto = finish(reused["auto"])["tokens_per_s"]
+        for name, raw in reused.items():
+            if name != "auto" and name not in rows:
+                rows[name] = {**finish(raw), "speed_scale": earlier_auto}
+        kinds = ["auto", "sd", "static", "lossy", "cascade", "fly", "gated", "diversed"]
+        rows = dict(sorted(rows.items(), key=lambda item: kinds.index(item[0].split()[0])))  # stable within a kind
+    for name, _, meta in every:  # fixed weights: show the configured one
         if name in rows and rows[name]["mean_draft_weight"] is None and "w" in meta:
             rows[name]["mean_draft_weight"] = meta["w"]
     if "auto" not in rows or "sd" not in rows:
