@@ -32,6 +32,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ DRAFTERS = {
     "sd2-frozen": ["method=sd2", "steering=sd2", "steering.checkpoint={out}/sd2-frozen/trained.pt"],
 }
 
+TRAINED_BY = {"distilled": "distill", **{name: name for name in TRAININGS if name != "distill"}}  # drafter -> run
+
 
 @dataclass
 class Step:
@@ -73,6 +76,7 @@ class Runner:
         self.timings: dict[str, float] = json.loads(self.saved.read_text()) if self.saved.exists() else {}
         self.failed: list[str] = []
         self.skipped: list[str] = []
+        self.lock = threading.Lock()  # steps finish on several threads; one writer of timings.json at a time
 
     def over_budget(self) -> bool:
         return self.budget_s is not None and time.monotonic() - self.start > self.budget_s
@@ -102,8 +106,9 @@ class Runner:
             self.failed.append(step.name)
             print(f"step {step.name} failed ({proc.returncode}): see {log}", flush=True)
             return
-        self.timings[step.name] = time.perf_counter() - began
-        self.saved.write_text(json.dumps(self.timings, indent=2) + "\n")
+        with self.lock:
+            self.timings[step.name] = time.perf_counter() - began
+            self.saved.write_text(json.dumps(self.timings, indent=2) + "\n")
         print(f"step {step.name} done in {self.timings[step.name]:.0f} s", flush=True)
 
 
@@ -163,14 +168,13 @@ def main() -> None:
     runner.run(train_steps)
 
     settings = ([(0.0, 0)] if args.greedy else []) + [(1.0, int(s)) for s in args.seeds.split(",") if s]
-    trained_by = {"distilled": "distill", "sd2": "sd2", "sd2-simple": "sd2-simple", "sd2-frozen": "sd2-frozen"}
-    drafters = [d for d in DRAFTERS if d == "pretrained" or trained_by[d] in trainings]
+    drafters = [d for d in DRAFTERS if d == "pretrained" or TRAINED_BY[d] in trainings]
 
     def evaluation(drafter: str, run: Path, overrides: list[str]) -> Step:
         return Step(f"eval_{run.name}", [
             *[o.format(out=out) for o in DRAFTERS[drafter]], *overrides, f"dataset.limit={args.eval_prompts}",
             f"eval.output_dir={run}", f"hydra.run.dir={out / 'hydra' / run.name}", *vocab, *common,
-        ], run / "metrics.json", after=[] if drafter == "pretrained" else [f"train_{trained_by[drafter]}"])  # fmt: skip
+        ], run / "metrics.json", after=[] if drafter == "pretrained" else [f"train_{TRAINED_BY[drafter]}"])  # fmt: skip
 
     speed_gammas = [int(g) for g in args.speed_gammas.split(",") if g]
     speed_drafters = [d for d in drafters if d in ("distilled", "sd2")]
