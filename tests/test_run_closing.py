@@ -166,7 +166,7 @@ def test_sigterm_during_lightning_training_ends_the_run_killed(mlflow_uri, tmp_p
 def test_scancel_of_a_slurm_job_ends_its_run_killed_and_the_submitter_learns_it(mlflow_uri, tmp_path):
     """scancel sends SIGTERM (then SIGKILL): the job's run ends KILLED, and the job's result says it was
     killed, so the submitting process stops waiting (it failed, exit 1) instead of polling forever."""
-    from test_slurm import slurm_unavailable
+    from test_slurm import jobs_submitted_under, slurm_unavailable
 
     reason = slurm_unavailable()
     if reason and os.environ.get("SPECBENCH_REQUIRE_SLURM") == "1":
@@ -177,7 +177,7 @@ def test_scancel_of_a_slurm_job_ends_its_run_killed_and_the_submitter_learns_it(
     proc = start(["-m", "hydra/launcher=submitit_slurm", "+cluster=slurm-local", *TINY, "gen.max_new_tokens=64",
                   "schedule.gamma=2", f"hydra.sweep.dir={sweep_dir}"], tmp_path)  # fmt: skip
     wait_for(sweep_dir / "0" / "samples.jsonl", proc, timeout=300)
-    (job_id,) = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout.split()
+    (job_id,) = jobs_submitted_under(sweep_dir)
     subprocess.run(["scancel", job_id], check=True)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "JobKilled: stopped by SIGTERM" in err, err[-3000:]

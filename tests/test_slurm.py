@@ -44,6 +44,15 @@ def slurm_unavailable() -> str | None:
     return None
 
 
+def jobs_submitted_under(folder) -> list[str]:
+    """Ids of the queued jobs whose batch script lies under `folder` (a sweep dir: submitit writes its
+    scripts in `.submitit/` there). The suite runs in several workers on one cluster, so `squeue` alone
+    also lists other tests' jobs."""
+    rows = subprocess.run(["squeue", "-h", "-o", "%i|%o"], capture_output=True, text=True, check=True).stdout
+    prefix = str(folder).rstrip("/") + "/"
+    return [job for job, _, script in (row.partition("|") for row in rows.splitlines()) if script.startswith(prefix)]
+
+
 @pytest.fixture(scope="module")
 def slurm():
     reason = slurm_unavailable()
@@ -137,8 +146,8 @@ def test_a_preempted_training_job_is_requeued_and_resumes_from_last_ckpt(slurm, 
     while not last.exists() and time.monotonic() < deadline and submitter.poll() is None:
         time.sleep(0.2)
     assert last.exists(), "the training job wrote no last.ckpt"
-    job_ids = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout.split()
-    assert len(job_ids) == 1
+    job_ids = jobs_submitted_under(sweep_dir)
+    assert len(job_ids) == 1, job_ids
     subprocess.run(["scancel", "--signal=USR2", job_ids[0]], check=True)
     output, _ = submitter.communicate(timeout=600)
     logs = "\n".join(p.read_text() for p in sorted(sweep_dir.glob(".submitit/*/*.out")))
