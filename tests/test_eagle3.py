@@ -689,6 +689,35 @@ def test_lightning_fit_checkpoints_the_head_resumes_and_loads_for_decoding(verif
     torch.testing.assert_close(reloaded.head.lm_head.weight, rows)
 
 
+def test_init_head_starts_training_from_a_trained_head_over_another_draft_vocabulary(verifier, synth_dir, tmp_path):
+    first = train_cfg(synth_dir, tmp_path, feature_cache=None, val_prompts=0, draft_vocab_size=40)
+    trained, _, _ = fit(first, verifier, tmp_path / "first", 1)
+    path = export_trained(trained, trained.metadata(), tmp_path / "first.pt")
+    source = load_eagle3_drafter(path, verifier, VOCAB).head
+    again = train_cfg(synth_dir, tmp_path, feature_cache=None, val_prompts=0, init_head=str(path))
+    module, _ = build_eagle3_training(again, verifier, VOCAB, [EOS_ID], PAD_ID)
+    head = module.head
+    assert module.metadata()["init_head"] == str(path)
+    for name, param in source.state_dict().items():
+        if not name.startswith("lm_head."):
+            torch.testing.assert_close(head.state_dict()[name], param)
+    old_rows = {int(t): i for i, t in enumerate(source.vocab.draft_ids.tolist())}
+    new_tokens = [int(t) for t in head.vocab.draft_ids.tolist()]
+    shared = [r for r, t in enumerate(new_tokens) if t in old_rows]
+    fresh = [r for r, t in enumerate(new_tokens) if t not in old_rows]
+    assert shared and fresh, "the test needs tokens in both vocabularies and tokens new to the second"
+    for row in shared:
+        torch.testing.assert_close(head.lm_head.weight[row], source.lm_head.weight[old_rows[new_tokens[row]]])
+    verifier_rows = verifier.model.get_output_embeddings().weight
+    for row in fresh:
+        torch.testing.assert_close(head.lm_head.weight[row], verifier_rows[new_tokens[row]])
+    other_taps = train_cfg(synth_dir, tmp_path, feature_cache=None, taps=[1, 3, 5], init_head=str(path))
+    with pytest.raises(CheckpointMismatchError, match=r"reads verifier taps \[2, 4, 5\].*set train.taps"):
+        build_eagle3_training(other_taps, verifier, VOCAB, [EOS_ID], PAD_ID)
+    with pytest.raises(CheckpointMismatchError, match="verifier_weights"):
+        build_eagle3_training(again, tiny_verifier(seed=9), VOCAB, [EOS_ID], PAD_ID)
+
+
 def test_export_command_writes_the_eagle_layout_for_a_trained_head(tmp_path):
     from specbench.drafters.eagle3_format import main
     from specbench.training.eagle3 import Eagle3Training, head_metadata

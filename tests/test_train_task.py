@@ -142,6 +142,10 @@ def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
          "train.init_layer must be one of ['random', 'verifier_last']"),
         (["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.ttt_chain_fraction=0"],
          "train.ttt_chain_fraction must be in (0, 1]"),
+        (["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.init_head=/no/head.pt"],
+         "train.init_head: '/no/head.pt' is not a file; pass the trained.pt or last.ckpt"),
+        (["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.init_head=launch.py",
+          "train.init_layer=verifier_last"], "train.init_head and train.init_layer both set"),
     ],
 )
 def test_bad_training_config_names_the_key(overrides, message):

@@ -671,6 +671,16 @@ def _check_eagle3_training(cfg: DictConfig, train: dict[str, Any]) -> None:
         raise ConfigError(
             f"train.init_layer must be one of {list(values.EAGLE3_INIT_LAYERS)}, got {train['init_layer']!r}"
         )
+    if train["init_head"] is not None:
+        if train["init_layer"] != "random":
+            raise ConfigError(
+                "train.init_head and train.init_layer both set the head's starting weights; drop one"
+            )
+        if not Path(str(train["init_head"])).expanduser().is_file():
+            raise ConfigError(
+                f"train.init_head: {train['init_head']!r} is not a file; pass the trained.pt or last.ckpt "
+                "of an earlier task=train method=eagle3 run"
+            )
 
 
 def _check_feature_keys(train: dict[str, Any]) -> None:

@@ -300,6 +300,31 @@ def head_metadata(verifier: Any, head: Eagle3Head, vocab_size: int) -> dict:
     }
 
 
+@torch.no_grad()
+def warm_start(head: Eagle3Head, path: str | Path, verifier: Any, vocab_size: int) -> None:
+    """Start ``head`` from a head trained before (``train.init_head``: its ``trained.pt`` / ``last.ckpt``),
+    e.g. to go on training on more data. The checkpoint must come from this verifier (checked as when
+    decoding) and have the same taps. Its fc, decoder layer and norm are copied; the LM head rows of the
+    tokens both draft vocabularies hold are copied when the checkpoint trained its LM head, and the rows of
+    tokens new to this vocabulary stay the verifier's."""
+    from specbench.drafters.eagle3_format import load_trained_eagle3
+    from specbench.models.pair import CheckpointMismatchError
+
+    source, metadata = load_trained_eagle3(path, verifier, vocab_size)
+    if tuple(source.taps) != tuple(head.taps):
+        raise CheckpointMismatchError(
+            f"train.init_head: {str(path)!r} reads verifier taps {list(source.taps)}, this training "
+            f"{list(head.taps)}; set train.taps={list(source.taps)} or start from another head"
+        )
+    weights = {k: v for k, v in source.state_dict().items() if not k.startswith("lm_head.")}
+    head.load_state_dict(weights, strict=False)
+    if metadata.get("lm_head", "trained") == "trained":
+        position = {int(t): i for i, t in enumerate(source.vocab.draft_ids.tolist())}
+        for row, token in enumerate(head.vocab.draft_ids.tolist()):
+            if int(token) in position:
+                head.lm_head.weight[row].copy_(source.lm_head.weight[position[int(token)]])
+
+
 def build_eagle3_training(
     cfg: Any, verifier: Any, vocab_size: int, eos_ids: Sequence[int], pad_id: int
 ) -> tuple[Eagle3Training, Eagle3DataModule]:
@@ -320,6 +345,13 @@ def build_eagle3_training(
         raise ValueError(f"train.init_layer must be one of {list(EAGLE3_INIT_LAYERS)}, got {init_layer!r}")
     if init_layer == "verifier_last":
         head.init_layer_from_verifier(verifier.model)
+    init_head = option(train, "init_head", None)
+    if init_head:
+        if init_layer != "random":
+            raise ValueError(
+                "train.init_head and train.init_layer both set the head's starting weights; drop one"
+            )
+        warm_start(head, init_head, verifier, vocab_size)
     head.lm_head.requires_grad_(not bool(option(train, "freeze_lm_head", False)))
     head.train()
     top_k = option(train, "feature_top_k", None)
@@ -347,6 +379,7 @@ def build_eagle3_training(
         "loss_decay": float(option(train, "loss_decay", LOSS_DECAY)),
         "ttt_chain_fraction": float(option(train, "ttt_chain_fraction", 1.0)),
         "init_layer": init_layer,
+        "init_head": str(init_head) if init_head else None,
         "feature_top_k": targets.top_k,
         "feature_cache": str(Path(cache_dir).expanduser()) if cache_dir else None,
         "data": str(train.data),
