@@ -16,7 +16,7 @@ retrained, so the run resumes), then decodes held-out Spec-Bench questions greed
 interleaved with autoregressive decoding in one process, and prints per K: coverage, c, the validation
 agreement of draft step 0, τ, speedup vs autoregressive and the share of token-identical outputs:
 
-    python benchmarks/eagle3_vocab.py --data /work/data/synth_t1_p150 --sizes 4096,8192,16384,49152 \
+    python benchmarks/eagle3_vocab.py --data /work/data/synth_t1_p150 --sizes 4096,8192,16384 \
         --work /work/data/vocab_sweep --train-steps 300 --per-task 2 --max-new-tokens 64 --threads 1
 """
 
@@ -31,15 +31,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import engine_runner, heldout_questions, run_all, table
+from harness import embedded_verifier, engine_runner, heldout_questions, run_all, table
 
 from specbench.data.synth_dataset import load_synthetic
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
 from specbench.drafters.draft_vocab import draft_vocab_for
 from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head
 from specbench.drafters.eagle3_format import load_eagle3_drafter
-from specbench.evaluation import eos_token_ids, measure_profile, pad_token_id
-from specbench.models import ModelSpec, load_verifier
+from specbench.evaluation import measure_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 # The embedded head's recipe (docs/eagle3.md) less its step count: only the vocabulary size differs per run.
@@ -71,21 +70,18 @@ def train_head(data: str, work: Path, size: int | None, steps: int, threads: int
     return head
 
 
-def measure_tau(verifier, heads: dict[int, Path], vocab_size: int, gamma: int, per_task: int,
-                max_new_tokens: int) -> dict[int, dict]:  # fmt: skip
+def measure_tau(verifier, eos: list[int], pad: int, vocab_size: int, heads: dict[int, Path], gamma: int,
+                per_task: int, max_new_tokens: int) -> dict[int, dict]:  # fmt: skip
     """Greedy decoding of held-out questions with each head and autoregressively, interleaved: the
     overall figures of :func:`harness.table` per vocabulary size."""
-    eos = eos_token_ids(verifier.model, verifier.tokenizer)
     common = {
         "settings": GenerationSettings(max_new_tokens=max_new_tokens), "vocab_size": vocab_size,
-        "eos_token_ids": eos, "pad_token_id": pad_token_id(verifier.tokenizer, eos),
+        "eos_token_ids": eos, "pad_token_id": pad,
     }  # fmt: skip
     runners = [engine_runner("autoregressive", SpeculativeEngine(verifier.model, None, **common))]
     for size, path in heads.items():
         drafter = load_eagle3_drafter(path, verifier, vocab_size)
-        engine = SpeculativeEngine(
-            verifier.model, drafter, schedule=DraftSchedule("constant", gamma), **common
-        )
+        engine = SpeculativeEngine(verifier.model, drafter, schedule=DraftSchedule("constant", gamma), **common)
         runners.append(engine_runner(f"k{size}", engine))
     answers = run_all(runners, verifier.tokenizer, heldout_questions(per_task))
     figures = table(answers, "autoregressive")
@@ -93,9 +89,7 @@ def measure_tau(verifier, heads: dict[int, Path], vocab_size: int, gamma: int, p
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="a task=synth output dir of the embedded verifier")
     parser.add_argument("--sizes", default="4096,8192,16384,49152")
     parser.add_argument("--gamma", type=int, default=3, help="draft length the drafter is timed at")
@@ -107,9 +101,11 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    verifier = load_verifier(ModelSpec(kind="embedded"), "cpu", "float32")
-    vocab_size = min(len(verifier.tokenizer), verifier.model.get_output_embeddings().weight.shape[0])
+    verifier, eos, pad, vocab_size = embedded_verifier()
     data, _ = load_synthetic(args.data)
+    work = Path(args.work) if args.work else None
+    if work:
+        work.mkdir(parents=True, exist_ok=True)
     rows, heads = [], {}
     for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
         vocab, coverage = draft_vocab_for(data, None if size >= vocab_size else size, vocab_size)
@@ -123,30 +119,22 @@ def main(argv=None) -> int:
             "verify_ms_1": profile.verify_ms[0], "c": profile.c,
         })  # fmt: skip
         print(f"K={vocab.size}: coverage {coverage:.4f}, c {profile.c:.3f}", file=sys.stderr)
-        if args.work:
-            work = Path(args.work)
-            work.mkdir(parents=True, exist_ok=True)
-            path = train_head(
-                args.data, work, None if size >= vocab_size else size, args.train_steps, args.threads
-            )
+        if work:
+            path = train_head(args.data, work, None if size >= vocab_size else size, args.train_steps, args.threads)
             heads[vocab.size] = path
             metrics = json.loads((path.parent / "train_metrics.json").read_text())
             rows[-1].update(head=str(path), steps=metrics["global_step"],
                             val_acc_step0=metrics.get("final_val_acc_step0"))  # fmt: skip
     if heads:
-        measured = measure_tau(verifier, heads, vocab_size, args.gamma, args.per_task, args.max_new_tokens)
+        measured = measure_tau(verifier, eos, pad, vocab_size, heads, args.gamma, args.per_task, args.max_new_tokens)
         for row in rows:
             row.update(measured[row["draft_vocab_size"]])
     print(f"{'K':>6} {'coverage':>9} {'params (LM head trained / frozen)':>34} {'draft ms':>9} {'c':>6}")
     for r in rows:
         params = f"{r['params_lm_head_trained'] / 1e6:.1f} M / {r['params_lm_head_frozen'] / 1e6:.1f} M"
-        print(
-            f"{r['draft_vocab_size']:>6} {r['coverage']:>9.4f} {params:>34} {r['draft_ms']:>9.2f} {r['c']:>6.3f}"
-        )
+        print(f"{r['draft_vocab_size']:>6} {r['coverage']:>9.4f} {params:>34} {r['draft_ms']:>9.2f} {r['c']:>6.3f}")
     if heads:
-        print(
-            f"\ntrained {args.train_steps} steps, greedy, γ {args.gamma}, {args.per_task} held-out questions per task"
-        )
+        print(f"\ntrained {args.train_steps} steps, greedy, γ {args.gamma}, {args.per_task} held-out questions per task")
         print(f"{'K':>6} {'val acc0':>9} {'tau':>6} {'speedup':>8} {'outputs = AR':>13}")
         for r in rows:
             print(f"{r['draft_vocab_size']:>6} {r['val_acc_step0']:>9.3f} {r['tau']:>6.2f} {r['speedup']:>7.2f}x "
