@@ -34,7 +34,11 @@ DEFAULT_HEAD = Path(__file__).resolve().parents[1] / "checkpoints" / "eagle3-smo
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--head", default=str(DEFAULT_HEAD), help="trained.pt of task=train method=eagle3")
+    parser.add_argument(
+        "--head", action="append", default=None,
+        help="trained.pt of task=train method=eagle3; repeat it to compare heads in the same run (rows named by "
+        "the head's folder); default: the committed head",
+    )  # fmt: skip
     parser.add_argument("--per-task", type=int, default=5, help="held-out questions per Spec-Bench task")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gammas", default="3,5", help="comma list of constant draft lengths for the head")
@@ -60,9 +64,17 @@ def main(argv=None) -> int:
     common = {"settings": settings, "vocab_size": vocab, "eos_token_ids": eos, "pad_token_id": pad}
     gammas = [int(g) for g in args.gammas.split(",") if g.strip()]
 
-    head = load_eagle3_drafter(args.head, verifier, vocab)
-    profile = measure_profile(verifier, head, vocab, max(gammas) + 1, context_len=256, repeats=7)
-    print(profile.table(), file=sys.stderr)
+    heads = args.head or [str(DEFAULT_HEAD)]
+    labels = {path: Path(path).parent.name for path in heads}
+    if len(set(labels.values())) < len(heads):
+        labels = {path: str(number) for number, path in enumerate(heads)}
+    profiles = {}
+    for path in heads:
+        profiles[path] = measure_profile(
+            verifier, load_eagle3_drafter(path, verifier, vocab), vocab, max(gammas) + 1, context_len=256, repeats=7
+        )
+        print(f"{path}:\n{profiles[path].table()}", file=sys.stderr)
+    profile = profiles[heads[0]]
 
     runners = [engine_runner("autoregressive", SpeculativeEngine(model, None, **common))]
     if not args.no_early_exit:
@@ -70,25 +82,29 @@ def main(argv=None) -> int:
         runners.append(engine_runner(
             "early-exit-4-g3", SpeculativeEngine(model, drafter, schedule=DraftSchedule("constant", 3), **common)
         ))  # fmt: skip
-    for gamma in gammas:
-        runners.append(engine_runner(
-            f"eagle3-g{gamma}",
-            SpeculativeEngine(model, load_eagle3_drafter(args.head, verifier, vocab),
-                              schedule=DraftSchedule("constant", gamma), **common),
-        ))  # fmt: skip
+    for path in heads:
+        label = f"[{labels[path]}]" if len(heads) > 1 else ""
+        for gamma in gammas:
+            runners.append(engine_runner(
+                f"eagle3{label}-g{gamma}",
+                SpeculativeEngine(model, load_eagle3_drafter(path, verifier, vocab),
+                                  schedule=DraftSchedule("constant", gamma), **common),
+            ))  # fmt: skip
     questions = heldout_questions(args.per_task)
     answers = run_all(runners, tokenizer, questions)
     figures = table(answers, "autoregressive")
     write_answer_files(out / "answers", answers)
     report = {
-        "head": str(args.head), "questions": len(questions), "max_new_tokens": args.max_new_tokens,
+        "head": heads[0], "heads": heads, "questions": len(questions), "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature, "threads": args.threads, "device": str(model.device),
         "dtype": str(model.dtype), "profile": profile.to_dict(),
+        "profiles": {path: p.to_dict() for path, p in profiles.items()},
         "figures": figures,
     }  # fmt: skip
     (out / "eagle3.json").write_text(json.dumps(report, indent=2) + "\n")
     print(format_table(figures))
-    print(f"head cost c = {profile.c:.3f} (time per drafted token / one-token verifier forward)")
+    for path in heads:
+        print(f"head cost c = {profiles[path].c:.3f} (time per drafted token / one-token verifier forward): {path}")
     print(f"answers and figures: {out}")
     if args.temperature > 0:
         return 0

@@ -22,6 +22,7 @@ from specbench.models.sharding import (
     is_tensor_parallel,
     ready,
 )
+from specbench.models.small_batch_lm_head import use_small_batch_lm_head
 from specbench.models.spec import KINDS, ModelSpec  # noqa: F401  (re-exported: the torch-free home)
 from specbench.models.tiny import byte_tokenizer, tiny_random_model
 
@@ -106,6 +107,7 @@ def _finish(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) ->
     model.to(device=device, dtype=dtype)
     model.eval()
     model.requires_grad_(False)
+    use_small_batch_lm_head(model)  # a no-op off the CPU or outside float32 (checked per call)
     return model
 
 
