@@ -31,7 +31,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import embedded_verifier, engine_runner, heldout_questions, run_all, table, write_answer_files
+from harness import (
+    embedded_verifier,
+    engine_runner,
+    heldout_questions,
+    out_dir,
+    run_all,
+    table,
+    write_answer_files,
+)
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
 from specbench.decoding.cache import CachedModel
@@ -107,7 +115,7 @@ def step_medians(steps: dict[str, object], repeats: int, inner: int = 3) -> dict
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    out = Path(args.out_dir or f"outputs/draft_vocab_c/{time.strftime('%Y%m%d-%H%M%S')}")
+    out = out_dir(args.out_dir, "draft_vocab_c")
     verifier, eos, pad, vocab_size = embedded_verifier()
     tokenizer, model = verifier.tokenizer, verifier.model
     token_hash = tokenizer_hash(tokenizer)

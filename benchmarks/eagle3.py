@@ -15,18 +15,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import engine_runner, format_table, heldout_questions, run_all, table, write_answer_files
+from harness import (
+    embedded_verifier,
+    engine_runner,
+    format_table,
+    heldout_questions,
+    out_dir,
+    run_all,
+    table,
+    write_answer_files,
+)
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
 from specbench.drafters.eagle3_format import load_eagle3_drafter
-from specbench.evaluation import eos_token_ids, measure_profile, pad_token_id
-from specbench.models import ModelSpec, load_verifier
+from specbench.evaluation import measure_profile
 from specbench.models.early_exit import early_exit_drafter
 
 DEFAULT_HEAD = Path(__file__).resolve().parents[1] / "checkpoints" / "eagle3-smollm2-135m" / "trained.pt"
@@ -54,12 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    out = Path(args.out_dir or f"outputs/eagle3/{time.strftime('%Y%m%d-%H%M%S')}")
-    verifier = load_verifier(ModelSpec(kind="embedded"), args.device, args.dtype)
+    out = out_dir(args.out_dir, "eagle3")
+    verifier, eos, pad, vocab = embedded_verifier(args.device, args.dtype)
     tokenizer, model = verifier.tokenizer, verifier.model
-    eos = eos_token_ids(model, tokenizer)
-    pad = pad_token_id(tokenizer, eos)
-    vocab = min(len(tokenizer), model.get_output_embeddings().weight.shape[0])
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     common = {"settings": settings, "vocab_size": vocab, "eos_token_ids": eos, "pad_token_id": pad}
     gammas = [int(g) for g in args.gammas.split(",") if g.strip()]

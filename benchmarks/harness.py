@@ -191,6 +191,11 @@ def format_table(figures: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def out_dir(given: str | None, name: str) -> Path:
+    """``--out-dir`` if given, else ``outputs/NAME/TIME`` (a new folder per run)."""
+    return Path(given or f"outputs/{name}/{time.strftime('%Y%m%d-%H%M%S')}")
+
+
 def embedded_verifier(device: str = "cpu", dtype: str = "float32"):
     """The embedded SmolLM2-135M-Instruct verifier, its EOS ids, pad id and the vocabulary p and q share."""
     from specbench.evaluation import eos_token_ids, pad_token_id

@@ -26,6 +26,7 @@ from harness import (
     format_table,
     heldout_questions,
     hf_runner,
+    out_dir,
     run_all,
     table,
     write_answer_files,
@@ -64,7 +65,7 @@ def lookup_drafters(max_gamma: int) -> dict[str, tuple]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    out = Path(args.out_dir or f"outputs/model_free/{time.strftime('%Y%m%d-%H%M%S')}")
+    out = out_dir(args.out_dir, "model_free")
     verifier = load_verifier(ModelSpec(kind="embedded"), "cpu", "float32")
     tokenizer, model = verifier.tokenizer, verifier.model
     eos = eos_token_ids(model, tokenizer)

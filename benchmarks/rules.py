@@ -46,7 +46,6 @@ import math
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +61,7 @@ from harness import (
     first_turn_ids,
     format_table,
     heldout_questions,
+    out_dir,
     run_all,
     table,
     task_of,
@@ -404,7 +404,7 @@ def main(argv=None) -> int:
     if not seeds:
         raise SystemExit("--seeds: give at least one seed")
     specs = {r.name: r for r in select_rows(args.only)}
-    out = Path(args.out_dir or f"outputs/rules/{time.strftime('%Y%m%d-%H%M%S')}")
+    out = out_dir(args.out_dir, "rules")
 
     drafter_kind = args.drafter or ("eagle3" if Path(args.head).is_file() else "early-exit")
     verifier = load_verifier(ModelSpec(kind="embedded"), args.device, args.dtype)

@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ from harness import (
     engine_runner,
     format_table,
     heldout_questions,
+    out_dir,
     run_all,
     table,
     write_answer_files,
@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    out = Path(args.out_dir or f"outputs/verify_cost/{time.strftime('%Y%m%d-%H%M%S')}")
+    out = out_dir(args.out_dir, "verify_cost")
     verifier, eos, pad, vocab = embedded_verifier()
     model, lm_head = verifier.model, verifier.model.get_output_embeddings()
     if not isinstance(lm_head, SmallBatchLinear):
