@@ -14,6 +14,7 @@ from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.early_exit import early_exit_drafter
 from specbench.models.embedded import EMBEDDED_NAME, embedded_model_dir
 from specbench.models.pair import verifier_vocab_size
+from specbench.models.row_invariant import use_row_invariant_forwards
 from specbench.models.sharding import (
     Placement,
     check_same_input_device,
@@ -107,6 +108,7 @@ def _finish(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) ->
     model.to(device=device, dtype=dtype)
     model.eval()
     model.requires_grad_(False)
+    use_row_invariant_forwards(model)  # a no-op off the CPU and in float32 (checked per call)
     use_small_batch_lm_head(model)  # a no-op off the CPU or outside float32 (checked per call)
     return model
 

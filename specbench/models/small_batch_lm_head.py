@@ -12,14 +12,16 @@ so does anything not on a CPU in float32. The result differs from ``F.linear`` o
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from specbench.models.row_invariant import RowInvariantLinear
 
 MAX_ROWS = 64  # measured: beyond this the two products cost the same
 
 
-class SmallBatchLinear(nn.Linear):
-    """``nn.Linear`` whose forward computes ``(W @ xᵀ)ᵀ`` for 2..MAX_ROWS rows of float32 on a CPU."""
+class SmallBatchLinear(RowInvariantLinear):
+    """``nn.Linear`` whose forward computes ``(W @ xᵀ)ᵀ`` for 2..MAX_ROWS rows of float32 on a CPU (other
+    inputs: :class:`RowInvariantLinear`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
@@ -28,7 +30,7 @@ class SmallBatchLinear(nn.Linear):
             if self.bias is not None:
                 out = out + self.bias
             return out.reshape(*x.shape[:-1], self.out_features)
-        return F.linear(x, self.weight, self.bias)
+        return super().forward(x)
 
 
 def use_small_batch_lm_head(model: nn.Module) -> bool:
@@ -38,7 +40,7 @@ def use_small_batch_lm_head(model: nn.Module) -> bool:
     changes, so it deep-copies and pickles like any ``nn.Linear``."""
     getter = getattr(model, "get_output_embeddings", None)
     head = getter() if getter is not None else None
-    if type(head) is nn.Linear:
+    if type(head) in (nn.Linear, RowInvariantLinear):
         head.__class__ = SmallBatchLinear
         return True
     return isinstance(head, SmallBatchLinear)

@@ -1,0 +1,197 @@
+"""Row-invariant bf16 CPU forwards: a position's logits do not depend on how many positions share the forward.
+
+That is what makes greedy speculative decoding in bf16 token-identical to autoregressive decoding: the
+verifier scores a block of γ + 1 positions at once, autoregressive decoding one at a time.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from specbench.decoding import GenerationSettings, SpeculativeEngine
+from specbench.decoding.cache import CachedModel
+from specbench.models import ModelSpec, load_verifier
+from specbench.models.row_invariant import (
+    ROWWISE_ATTENTION,
+    RowInvariantLinear,
+    row_invariant_sdpa,
+    use_row_invariant_forwards,
+)
+from specbench.models.small_batch_lm_head import SmallBatchLinear
+from specbench.models.tiny import tiny_random_model
+
+
+class _Attention(nn.Module):
+    """What attention functions read from a transformers attention module."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def _qkv(batch=2, heads=6, key_heads=2, queries=5, keys=40, dim=16, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, queries, dim, generator=g).to(dtype)
+    k = torch.randn(batch, key_heads, keys, dim, generator=g).to(dtype)
+    v = torch.randn(batch, key_heads, keys, dim, generator=g).to(dtype)
+    return q, k, v
+
+
+def _reference(q, k, v, allowed):
+    """float64 softmax attention with a boolean (B, 1, Q, K) mask; (B, Q, H, d) like the functions."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scores = q.double() @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2)
+
+
+def _causal(batch, queries, keys, padding=None):
+    last = keys - queries + torch.arange(queries)
+    allowed = (torch.arange(keys) <= last.unsqueeze(1)).expand(batch, 1, queries, keys).clone()
+    if padding is not None:  # (B, K) valid key slots
+        allowed &= padding[:, None, None, :]
+    return allowed
+
+
+@pytest.mark.parametrize("queries", [1, 2, 5])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_matches_exact_softmax_attention(queries, masked):
+    q, k, v = _qkv(queries=queries)
+    padding = torch.ones(2, 40, dtype=torch.bool)
+    padding[1, :7] = False  # left padding in the second row
+    allowed = _causal(2, queries, 40, padding if masked else None)
+    out, weights = row_invariant_sdpa(_Attention(3), q, k, v, allowed if masked else None)
+    assert weights is None and out.shape == (2, queries, 6, 16) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), _reference(q, k, v, allowed), rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("queries", [2, 3, 4, 8, 17])
+@pytest.mark.parametrize("keys", [30, 257, 1100])
+def test_a_query_in_a_block_gets_the_bits_it_gets_alone(queries, keys):
+    """Query j of a block of Q (the last Q positions) == the one-query call over keys 0..K-Q+j, bit for bit."""
+    q, k, v = _qkv(batch=1, queries=queries, keys=keys, dim=64, seed=keys)
+    module = _Attention(3)
+    block, _ = row_invariant_sdpa(module, q, k, v, None)
+    masked, _ = row_invariant_sdpa(module, q, k, v, _causal(1, queries, keys))
+    assert torch.equal(block, masked)
+    for j in range(queries):
+        end = keys - queries + 1 + j
+        alone, _ = row_invariant_sdpa(module, q[:, :, j : j + 1], k[:, :, :end], v[:, :, :end], None)
+        assert torch.equal(block[:, j], alone[:, 0]), f"query {j} of {queries} over {keys} keys"
+
+
+def test_padded_rows_of_a_batch_get_their_bits_too():
+    q, k, v = _qkv(batch=2, queries=4, keys=60, dim=32, seed=4)
+    padding = torch.ones(2, 60, dtype=torch.bool)
+    padding[0, :9] = False
+    module = _Attention(3)
+    block, _ = row_invariant_sdpa(module, q, k, v, _causal(2, 4, 60, padding))
+    for j in range(4):
+        end = 60 - 4 + 1 + j
+        alone_mask = padding[:, None, None, :end]
+        alone, _ = row_invariant_sdpa(module, q[:, :, j : j + 1], k[:, :, :end], v[:, :, :end], alone_mask)
+        assert torch.equal(block[:, j], alone[:, 0])
+
+
+def test_float32_and_long_blocks_keep_sdpa_exactly():
+    module = _Attention(3)
+    for dtype, queries in ((torch.float32, 1), (torch.float32, 3), (torch.bfloat16, 40)):
+        q, k, v = _qkv(queries=queries, keys=50, dtype=dtype)
+        allowed = _causal(2, queries, 50)
+        out, _ = row_invariant_sdpa(module, q, k, v, allowed)
+        assert torch.equal(out, sdpa_attention_forward(module, q, k, v, allowed)[0])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("in_features", [48, 1536])  # 1536 -> 576: SmolLM2-135M's down projection
+def test_a_single_bf16_row_gets_the_bits_of_a_row_in_a_block(in_features, bias):
+    torch.manual_seed(0)
+    layer = nn.Linear(in_features, 576, bias=bias)
+    layer.weight.data = torch.randn(576, in_features) / in_features**0.5
+    layer = layer.to(torch.bfloat16)
+    layer.__class__ = RowInvariantLinear
+    x = torch.randn(32, in_features).to(torch.bfloat16)
+    block = layer(x)
+    for i in range(32):
+        assert torch.equal(layer(x[i : i + 1]), block[i : i + 1]), f"row {i}"
+    assert torch.equal(layer(x[3]), block[3])  # 1-D input keeps its shape
+    assert layer(x[None, :1]).shape == (1, 1, 576)
+
+
+def test_float32_rows_keep_f_linear_exactly():
+    torch.manual_seed(0)
+    layer = nn.Linear(40, 24)
+    layer.__class__ = RowInvariantLinear
+    for shape in ((1, 40), (5, 40), (2, 3, 40)):
+        x = torch.randn(*shape)
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def _model(seed=11) -> nn.Module:
+    model = tiny_random_model(seed=seed, num_layers=2, hidden_size=576, num_heads=9, num_kv_heads=3,
+                              intermediate_size=1536)
+    use_row_invariant_forwards(model)
+    return model.to(torch.bfloat16)
+
+
+def _incremental_and_block_logits(model, context, block, valid=None):
+    cached = CachedModel(model, 320)
+    cached.reset(context.shape[0])
+    cached.forward(context, valid)
+    at_once = cached.forward(block).logits
+    cached.reset(context.shape[0])
+    cached.forward(context, valid)
+    one_by_one = torch.cat([cached.forward(block[:, j : j + 1]).logits for j in range(block.shape[1])], 1)
+    return at_once, one_by_one
+
+
+@pytest.mark.parametrize("width", [2, 4, 9])
+def test_a_bf16_model_scores_a_block_as_it_scores_each_position(width):
+    model = _model()
+    assert model.config._attn_implementation == ROWWISE_ATTENTION
+    g = torch.Generator().manual_seed(width)
+    context, block = torch.randint(0, 259, (1, 70), generator=g), torch.randint(0, 259, (1, width), generator=g)
+    at_once, one_by_one = _incremental_and_block_logits(model, context, block)
+    assert torch.equal(at_once, one_by_one)
+
+
+def test_a_padded_bf16_batch_scores_a_block_as_it_scores_each_position():
+    model = _model(seed=12)
+    g = torch.Generator().manual_seed(1)
+    context, block = torch.randint(0, 259, (3, 50), generator=g), torch.randint(0, 259, (3, 4), generator=g)
+    valid = torch.ones(3, 50, dtype=torch.bool)
+    valid[1, :13] = False
+    valid[2, :30] = False
+    at_once, one_by_one = _incremental_and_block_logits(model, context, block, valid)
+    assert torch.equal(at_once, one_by_one)
+
+
+def test_loading_in_bf16_gives_the_row_invariant_forwards_and_identical_greedy_decoding():
+    verifier = load_verifier(ModelSpec(kind="tiny_random", seed=5, num_layers=3), device="cpu", dtype="bf16")
+    model = verifier.model
+    assert model.config._attn_implementation == ROWWISE_ATTENTION
+    assert type(model.get_output_embeddings()) is SmallBatchLinear
+    body = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not model.get_output_embeddings()]
+    assert body and all(type(m) is RowInvariantLinear for m in body)
+    drafter = tiny_random_model(seed=6).eval().to(torch.bfloat16)
+    common = {"settings": GenerationSettings(max_new_tokens=24), "vocab_size": 320, "eos_token_ids": []}
+    prompts = [[5, 9, 33, 70, 12], [101, 7], [44] * 9]
+    reference = [r.output_ids for r in SpeculativeEngine(model, None, **common).generate(prompts)]
+    speculative = SpeculativeEngine(model, drafter, **common).generate(prompts)
+    assert [r.output_ids for r in speculative] == reference
+    assert any(round_.drafted > 0 for r in speculative for round_ in r.rounds)
+
+
+@pytest.mark.slow
+def test_the_embedded_verifier_in_bf16_scores_a_block_as_it_scores_each_position():
+    verifier = load_verifier(ModelSpec(kind="embedded"), device="cpu", dtype="bf16")
+    g = torch.Generator().manual_seed(0)
+    for width in (3, 8):
+        context = torch.randint(0, 49152, (1, 200), generator=g)
+        block = torch.randint(0, 49152, (1, width), generator=g)
+        at_once, one_by_one = _incremental_and_block_logits(verifier.model, context, block)
+        assert torch.equal(at_once, one_by_one)
