@@ -84,6 +84,18 @@ def test_crop_and_refeed_single_row(arch):
     assert cm.num_valid.tolist() == [len(committed)]
 
 
+def test_rejected_slots_at_the_end_of_a_single_row_are_cropped_without_copying_the_cache():
+    cm = CachedModel(model("llama"), VOCAB)
+    cm.reset(1)
+    cm.forward(torch.tensor([tokens(0, 12)]))
+    before = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cm._layers()]
+    cm.keep(torch.tensor([9]))
+    assert cm.valid.shape == (1, 9) and bool(cm.valid.all())
+    for layer, (keys, values) in zip(cm._layers(), before):
+        assert layer.keys.shape[2] == 9
+        assert (layer.keys.data_ptr(), layer.values.data_ptr()) == (keys, values)  # views: nothing gathered
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_batch_with_left_padding_and_rejected_slots(arch):
     """Two rows of different lengths: left padding, a draft block with per-row lengths, different crops."""

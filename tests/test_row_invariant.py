@@ -97,6 +97,21 @@ def test_padded_rows_of_a_batch_get_their_bits_too():
         assert torch.equal(block[:, j], alone[:, 0])
 
 
+@pytest.mark.parametrize("queries, starts", [(1, (7, 0, 129)), (4, (1, 0, 3)), (4, (11, 0, 36))])
+def test_a_row_of_a_padded_batch_gets_the_bits_it_gets_alone_without_padding(queries, starts):
+    """Left padding moves as the cache re-aligns rows; a row's attention must not see where it ends (on this
+    project's CPUs one product over the whole padded batch gives some rows other bits at 700 keys)."""
+    q, k, v = _qkv(batch=3, queries=queries, keys=700, dim=64, seed=9)
+    padding = torch.ones(3, 700, dtype=torch.bool)
+    for b, start in enumerate(starts):
+        padding[b, :start] = False
+    module = _Attention(3)
+    batched, _ = row_invariant_sdpa(module, q, k, v, _causal(3, queries, 700, padding))
+    for b, start in enumerate(starts):
+        alone, _ = row_invariant_sdpa(module, q[b : b + 1], k[b : b + 1, :, start:], v[b : b + 1, :, start:], None)
+        assert torch.equal(batched[b : b + 1], alone), f"row {b}"
+
+
 def test_float32_and_long_blocks_keep_sdpa_exactly():
     module = _Attention(3)
     for dtype, queries in ((torch.float32, 1), (torch.float32, 3), (torch.bfloat16, 40)):
@@ -195,3 +210,35 @@ def test_the_embedded_verifier_in_bf16_scores_a_block_as_it_scores_each_position
         block = torch.randint(0, 49152, (1, width), generator=g)
         at_once, one_by_one = _incremental_and_block_logits(verifier.model, context, block)
         assert torch.equal(at_once, one_by_one)
+
+
+@pytest.mark.slow
+def test_the_embedded_pair_in_bf16_decodes_speculatively_as_autoregressively_at_batch_1_and_4():
+    from specbench.decoding import DraftSchedule
+    from specbench.drafters.eagle3_format import eagle3_drafter
+    from specbench.drafters.suffix import SuffixDrafter
+    from specbench.evaluation import eos_token_ids
+
+    verifier = load_verifier(ModelSpec(kind="embedded"), device="cpu", dtype="bf16")
+    vocab = len(verifier.tokenizer)
+    eos = eos_token_ids(verifier.model, verifier.tokenizer)
+    questions = ["Name three colours of the rainbow.", "Translate 'good morning' into French and German.",
+                 "What is 17 times 23? Think step by step.", "Write a haiku about the sea."]  # fmt: skip
+    prompts = []
+    for text in questions:
+        ids = verifier.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        prompts.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
+    common = {"settings": GenerationSettings(max_new_tokens=40), "vocab_size": vocab, "eos_token_ids": eos,
+              "pad_token_id": eos[0]}  # fmt: skip
+    plain = SpeculativeEngine(verifier.model, None, **common)
+    drafters = {
+        "eagle3": (eagle3_drafter("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab), 2),
+        "suffix": (SuffixDrafter(num_speculative_tokens=5), 5),
+    }
+    for name, (drafter, gamma) in drafters.items():
+        engine = SpeculativeEngine(verifier.model, drafter, schedule=DraftSchedule("constant", gamma), **common)
+        for prompt in prompts:
+            assert engine.generate([prompt])[0].output_ids == plain.generate([prompt])[0].output_ids, name
+        batched = engine.generate(prompts)
+        assert [r.output_ids for r in batched] == [r.output_ids for r in plain.generate(prompts)], name
+        assert sum(r.accepted for result in batched for r in result.rounds) > 0

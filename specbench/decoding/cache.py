@@ -117,8 +117,10 @@ class CachedModel:
         return layers
 
     def _compact(self) -> None:
-        used_columns = self.valid.any(dim=0)
-        if used_columns.numel() == 0:
+        # Crop first: a row's rejected drafts at the end of the cache are then gone without touching the
+        # others (batch 1 never needs the re-alignment, a copy of every layer's cache); re-align only the
+        # holes that remain (a row's invalid slots before slots another row still uses).
+        if not self._crop():
             return
         holes = bool((self.valid.long().cumsum(dim=1) > 0).logical_and(~self.valid).any())
         if holes:
@@ -131,10 +133,16 @@ class CachedModel:
                 layer.keys = torch.gather(layer.keys, 2, index)
                 index = here[:, None, :, None].expand(-1, layer.values.shape[1], -1, layer.values.shape[-1])
                 layer.values = torch.gather(layer.values, 2, index)
-            used_columns = self.valid.any(dim=0)
+            self._crop()
+
+    def _crop(self) -> bool:
+        """Drop the leading and trailing columns no row uses (reset when none is used); False if empty."""
+        used_columns = self.valid.any(dim=0)
+        if used_columns.numel() == 0:
+            return False
         if not bool(used_columns.any()):
             self.reset(self.valid.shape[0])
-            return
+            return False
         first = int(used_columns.nonzero()[0])
         last = int(used_columns.nonzero()[-1]) + 1
         if first > 0 or last < self.valid.shape[1]:
@@ -142,3 +150,4 @@ class CachedModel:
                 layer.keys = layer.keys[:, :, first:last]
                 layer.values = layer.values[:, :, first:last]
             self.valid = self.valid[:, first:last]
+        return True

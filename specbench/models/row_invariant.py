@@ -56,8 +56,10 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, scaling=None, 
     ``query`` (B, H, Q, d) holds the last Q positions of the K keys (the cache layout of decoding), so
     without a mask query j sees keys ``0 .. K − Q + j``. Each step is row-invariant on its own: the products
     are bf16 matrix products of at least two rows (GQA packs the query heads of one key head into rows), a
-    masked key contributes an exact 0 wherever it sits, and the softmax denominator is one more column of
-    the probability-value product (``[V, 1]``) instead of a sum whose order would depend on K. It is also
+    masked key after a query's last one contributes an exact 0, the softmax denominator is one more column
+    of the probability-value product (``[V, 1]``) instead of a sum whose order would depend on K, and each
+    row of a padded batch runs over its own keys, from its first attended one, so the products see the
+    same key layout whatever the padding (which moves as the cache re-aligns rows). It is also
     faster than SDPA's CPU kernel for one query over a long cache (0.15 ms against 1.0 ms per layer at
     K = 1200)."""
     batch, heads, queries, dim = query.shape
@@ -73,17 +75,36 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, scaling=None, 
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
-    group = heads // key_heads
     scale = dim**-0.5 if scaling is None else scaling
-    rows = query.reshape(batch, key_heads, group, queries, dim).transpose(2, 3)
-    rows = rows.reshape(batch, key_heads, queries * group, dim)  # query-major: row = q * group + g
-    scores = torch.matmul(rows, key.transpose(-1, -2)).float().mul_(scale)
+    allowed = None
     if attention_mask is not None:
         allowed = attention_mask[:, :1, -queries:, -keys:]
         if allowed.dtype != torch.bool:
             allowed = allowed == 0
+    if batch == 1 or allowed is None:
+        return _attend(query, key, value, allowed, scale).transpose(1, 2).contiguous(), None
+    # Each row over its own keys from its first attended one: left padding (which moves as rows are
+    # re-aligned or leave the batch) then never shifts where a row's keys sit in the products.
+    first = allowed[:, 0].any(dim=1).int().argmax(dim=-1).tolist()
+    outputs = [
+        _attend(query[b : b + 1], key[b : b + 1, :, s:], value[b : b + 1, :, s:], allowed[b : b + 1, ..., s:], scale)
+        for b, s in enumerate(first)
+    ]
+    return torch.cat(outputs).transpose(1, 2).contiguous(), None
+
+
+def _attend(query, key, value, allowed, scale) -> torch.Tensor:
+    """(B, H, Q, d) softmax attention of :func:`row_invariant_sdpa`; ``allowed`` (B, 1, Q, K) bool or None
+    (causal over the last Q positions)."""
+    batch, heads, queries, dim = query.shape
+    key_heads, keys = key.shape[1], key.shape[2]
+    group = heads // key_heads
+    rows = query.reshape(batch, key_heads, group, queries, dim).transpose(2, 3)
+    rows = rows.reshape(batch, key_heads, queries * group, dim)  # query-major: row = q * group + g
+    scores = torch.matmul(rows, key.transpose(-1, -2)).float().mul_(scale)
+    if allowed is not None:
         scores.masked_fill_(~allowed.repeat_interleave(group, dim=2), float("-inf"))
-    elif queries > 1:  # causal over the last `queries` positions
+    elif queries > 1:
         later = torch.ones(queries, keys, dtype=torch.bool, device=query.device).triu_(keys - queries + 1)
         scores.masked_fill_(later.repeat_interleave(group, dim=0), float("-inf"))
     top = scores.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0)  # a fully masked (padding) row
@@ -92,7 +113,7 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, scaling=None, 
     summed = torch.matmul(weights, torch.cat([value, ones], dim=-1))
     out = (summed[..., :dim].float() / summed[..., dim:].float().clamp(min=1e-30)).to(query.dtype)
     out = out.reshape(batch, key_heads, queries, group, dim).transpose(2, 3)
-    return out.reshape(batch, heads, queries, dim).transpose(1, 2).contiguous(), None
+    return out.reshape(batch, heads, queries, dim)
 
 
 AttentionInterface.register(ROWWISE_ATTENTION, row_invariant_sdpa)
