@@ -33,10 +33,12 @@ from harness import (
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
 from specbench.drafters.eagle3_format import load_eagle3_drafter
+from specbench.drafters.fallback import suffix_then_eagle3
 from specbench.evaluation import measure_profile
 from specbench.models.early_exit import early_exit_drafter
 
 DEFAULT_HEAD = Path(__file__).resolve().parents[1] / "checkpoints" / "eagle3-smollm2-135m" / "trained.pt"
+FALLBACK_CAP = 10
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,6 +56,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     parser.add_argument("--no-early-exit", action="store_true", help="leave out the early-exit row")
+    parser.add_argument(
+        "--fallback", default="",
+        help="comma list of min_lookup_tokens values: a row per value for the suffix drafter with the (first) head "
+        "as fallback (specbench.drafters.fallback, γ cap 10, head γ 1)",
+    )  # fmt: skip
     parser.add_argument("--out-dir", default=None, help="default: outputs/eagle3/TIME")
     return parser.parse_args(argv)
 
@@ -94,6 +101,13 @@ def main(argv=None) -> int:
                 SpeculativeEngine(model, load_eagle3_drafter(path, verifier, vocab),
                                   schedule=DraftSchedule("constant", gamma), **common),
             ))  # fmt: skip
+    for least in [int(m) for m in args.fallback.split(",") if m.strip()]:
+        runners.append(engine_runner(
+            f"suffix+eagle3-m{least}",
+            SpeculativeEngine(model, suffix_then_eagle3(heads[0], verifier, vocab, min_lookup_tokens=least,
+                                                        suffix={"num_speculative_tokens": FALLBACK_CAP}),
+                              schedule=DraftSchedule("constant", FALLBACK_CAP), **common),
+        ))  # fmt: skip
     questions = heldout_questions(args.per_task)
     answers = run_all(runners, tokenizer, questions)
     figures = table(answers, "autoregressive")

@@ -54,6 +54,7 @@ def test_expected_options_exist():
         "prompt-lookup-spec-bench",
         "qwen3-0.6b",
         "suffix",
+        "suffix-eagle3-smollm2",
         "tiny-random",
     ]
     assert options("method") == [

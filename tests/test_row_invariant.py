@@ -216,6 +216,7 @@ def test_the_embedded_verifier_in_bf16_scores_a_block_as_it_scores_each_position
 def test_the_embedded_pair_in_bf16_decodes_speculatively_as_autoregressively_at_batch_1_and_4():
     from specbench.decoding import DraftSchedule
     from specbench.drafters.eagle3_format import eagle3_drafter
+    from specbench.drafters.fallback import suffix_then_eagle3
     from specbench.drafters.suffix import SuffixDrafter
     from specbench.evaluation import eos_token_ids
 
@@ -234,6 +235,7 @@ def test_the_embedded_pair_in_bf16_decodes_speculatively_as_autoregressively_at_
     drafters = {
         "eagle3": (eagle3_drafter("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab), 2),
         "suffix": (SuffixDrafter(num_speculative_tokens=5), 5),
+        "suffix+eagle3": (suffix_then_eagle3("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab), 10),
     }
     for name, (drafter, gamma) in drafters.items():
         engine = SpeculativeEngine(verifier.model, drafter, schedule=DraftSchedule("constant", gamma), **common)
