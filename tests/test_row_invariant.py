@@ -69,6 +69,14 @@ def test_attention_matches_exact_softmax_attention(queries, masked):
     torch.testing.assert_close(out.double(), _reference(q, k, v, allowed), rtol=0.02, atol=0.02)
 
 
+def test_values_may_be_wider_than_queries_and_keys():
+    q, k, _ = _qkv(queries=3, keys=40, dim=16)
+    v = torch.randn(2, 2, 40, 24).to(torch.bfloat16)
+    out, _ = row_invariant_sdpa(_Attention(3), q, k, v, None)
+    assert out.shape == (2, 3, 6, 24)
+    torch.testing.assert_close(out.double(), _reference(q, k, v, _causal(2, 3, 40)), rtol=0.02, atol=0.02)
+
+
 @pytest.mark.parametrize("queries", [2, 3, 4, 8, 17])
 @pytest.mark.parametrize("keys", [30, 257, 1100])
 def test_a_query_in_a_block_gets_the_bits_it_gets_alone(queries, keys):

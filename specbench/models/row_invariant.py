@@ -111,9 +111,10 @@ def _attend(query, key, value, allowed, scale) -> torch.Tensor:
     weights = scores.sub_(top).exp_().to(query.dtype)
     ones = torch.ones(*value.shape[:-1], 1, dtype=value.dtype, device=value.device)
     summed = torch.matmul(weights, torch.cat([value, ones], dim=-1))
-    out = (summed[..., :dim].float() / summed[..., dim:].float().clamp(min=1e-30)).to(query.dtype)
-    out = out.reshape(batch, key_heads, queries, group, dim).transpose(2, 3)
-    return out.reshape(batch, heads, queries, dim)
+    width = value.shape[-1]  # may differ from the query / key width
+    out = (summed[..., :width].float() / summed[..., width:].float().clamp(min=1e-30)).to(query.dtype)
+    out = out.reshape(batch, key_heads, queries, group, width).transpose(2, 3)
+    return out.reshape(batch, heads, queries, width)
 
 
 AttentionInterface.register(ROWWISE_ATTENTION, row_invariant_sdpa)
