@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -34,19 +33,19 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
-    Runner,
     embedded_verifier,
-    engine_runner,
     format_table,
     heldout_questions,
     out_dir,
     run_all,
+    switched_runner,
     table,
+    verify_ms_in_turn,
     write_answer_files,
 )
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
-from specbench.decoding.cost import CostProfile, measure_verify_ms
+from specbench.decoding.cost import CostProfile
 from specbench.decoding.cost_aware import CostAwareSchedule
 from specbench.drafters.eagle3_format import load_eagle3_drafter
 from specbench.drafters.suffix import SuffixDrafter
@@ -106,18 +105,9 @@ def main(argv=None) -> int:
         "bf16-rowinv": (bf16, lambda: use(True)),
     }
     contexts = [int(c) for c in args.context.split(",")]
-    timings = {(f, c): [] for f in FORWARDS for c in contexts}
-    for _ in range(args.rounds):
-        for context in contexts:
-            for forward, (verifier, switch) in setups.items():
-                switch()
-                timings[forward, context].append(
-                    measure_verify_ms(verifier.model, vocab, args.max_n, context_len=context, repeats=3)
-                )
-    verify_ms = {
-        f"{f}@{c}": [statistics.median(r[n] for r in rows) for n in range(args.max_n)]
-        for (f, c), rows in timings.items()
-    }
+    turns = {f"{f}@{c}": (v.model, switch, c) for c in contexts for f, (v, switch) in setups.items()}
+    measured = verify_ms_in_turn(turns, vocab, args.max_n, args.rounds)
+    verify_ms = {f"{f}@{c}": measured[f"{f}@{c}"] for f in FORWARDS for c in contexts}  # report order
     print("verifier forward over n new tokens, ms (v(n) = ms / the same forward's n = 1)")
     print("n  " + "".join(f"{key:>22}" for key in verify_ms))
     for n in range(args.max_n):
@@ -150,13 +140,7 @@ def main(argv=None) -> int:
             )  # fmt: skip
             groups[forward] = list(engines)
             for name, engine in engines.items():
-                inner = engine_runner(name, engine)
-
-                def run(ids, switch=switch, inner=inner):
-                    switch()
-                    return inner.run(ids)
-
-                runners.append(Runner(name, run))
+                runners.append(switched_runner(name, engine, switch))
         questions = heldout_questions(args.per_task)
         answers = run_all(runners, bf16.tokenizer, questions)
         write_answer_files(out / "answers", answers)

@@ -63,6 +63,33 @@ def engine_runner(name: str, engine: SpeculativeEngine) -> Runner:
     return Runner(name, run)
 
 
+def switched_runner(name: str, engine: SpeculativeEngine, switch: Callable[[], None]) -> Runner:
+    """:func:`engine_runner` that calls ``switch()`` (e.g. puts a shared model on one of its forwards) before
+    every decode, for rows that share one model in different configurations."""
+    inner = engine_runner(name, engine)
+
+    def run(ids: list[int]) -> Decoded:
+        switch()
+        return inner.run(ids)
+
+    return Runner(name, run)
+
+
+def verify_ms_in_turn(
+    setups: dict[str, tuple[torch.nn.Module, Callable[[], None], int]], vocab: int, max_n: int, rounds: int
+) -> dict[str, list[float]]:
+    """Per setup (name -> (model, switch, cached tokens)), the median over ``rounds`` of the verifier forward's
+    ms for n = 1..max_n new tokens; the setups take turns in every round, each switched on first."""
+    from specbench.decoding.cost import measure_verify_ms
+
+    timings: dict[str, list[list[float]]] = {name: [] for name in setups}
+    for _ in range(rounds):
+        for name, (model, switch, context) in setups.items():
+            switch()
+            timings[name].append(measure_verify_ms(model, vocab, max_n, context_len=context, repeats=3))
+    return {name: [statistics.median(r[n] for r in rows) for n in range(max_n)] for name, rows in timings.items()}
+
+
 def hf_runner(name: str, model, max_new_tokens: int, eos: Sequence[int], pad: int, **generate_kwargs) -> Runner:
     """HF ``generate`` (greedy) with a forward counter on the verifier, e.g. ``prompt_lookup_num_tokens=10``."""
     calls = {"n": 0}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,19 +26,18 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
-    Runner,
     embedded_verifier,
-    engine_runner,
     format_table,
     heldout_questions,
     out_dir,
     run_all,
+    switched_runner,
     table,
+    verify_ms_in_turn,
     write_answer_files,
 )
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
-from specbench.decoding.cost import measure_verify_ms
 from specbench.drafters.eagle3_format import load_eagle3_drafter
 from specbench.models.small_batch_lm_head import SmallBatchLinear
 
@@ -76,15 +74,8 @@ def main(argv=None) -> int:
     def use(head: str) -> None:
         lm_head.__class__ = HEADS[head]
 
-    timings: dict[str, list[list[float]]] = {head: [] for head in HEADS}
-    for _ in range(args.rounds):
-        for head in HEADS:
-            use(head)
-            timings[head].append(measure_verify_ms(model, vocab, args.max_n, context_len=256, repeats=3))
-    verify_ms = {
-        head: [statistics.median(r[n] for r in rows) for n in range(args.max_n)]
-        for head, rows in timings.items()
-    }
+    setups = {head: (model, lambda head=head: use(head), 256) for head in HEADS}
+    verify_ms = verify_ms_in_turn(setups, vocab, args.max_n, args.rounds)
     one = verify_ms["F.linear"][0]
     print("n  " + "  ".join(f"{head:>22}" for head in HEADS))
     for n in range(args.max_n):
@@ -106,13 +97,7 @@ def main(argv=None) -> int:
                 ),
             }  # fmt: skip
             for name, engine in engines.items():
-                inner = engine_runner(name, engine)
-
-                def run(ids, head=head, inner=inner):
-                    use(head)
-                    return inner.run(ids)
-
-                runners.append(Runner(name, run))
+                runners.append(switched_runner(name, engine, lambda head=head: use(head)))
         questions = heldout_questions(args.per_task)
         answers = run_all(runners, verifier.tokenizer, questions)
         figures = table(answers, "autoregressive (F.linear)")
