@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specbench.drafters.base import Drafter, Proposal, VerifierNeeds
+from specbench.drafters.base import Drafter, Proposal
 
 
 class FallbackDrafter(Drafter):
@@ -46,7 +46,7 @@ class FallbackDrafter(Drafter):
         self.vocab_size = int(vocab_size)
         self.min_lookup_tokens, self.model_gamma = int(min_lookup_tokens), int(model_gamma)
         self.name = name
-        self.needs = VerifierNeeds().union(lookup.needs).union(model.needs)
+        self.needs = lookup.needs.union(model.needs)
         self.deterministic = False
         self.lookup_rows = self.model_rows = 0  # row-rounds each drafter drafted in (since construction)
 
