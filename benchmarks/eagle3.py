@@ -61,8 +61,29 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="comma list of min_lookup_tokens values: a row per value for the suffix drafter with the (first) head "
         "as fallback (specbench.drafters.fallback, γ cap 10, head γ 1)",
     )  # fmt: skip
+    parser.add_argument(
+        "--fallback-widths", default="1",
+        help="comma list of head tree widths for the --fallback rows (1: the head drafts a chain)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trees", default="",
+        help="comma list of WIDTHxGAMMA: a row per entry for the (first) head drafting trees, a chain of GAMMA "
+        "drafts with its WIDTH - 1 next most likely tokens as leaves at each depth (docs/eagle3.md, tree drafts)",
+    )  # fmt: skip
     parser.add_argument("--out-dir", default=None, help="default: outputs/eagle3/TIME")
     return parser.parse_args(argv)
+
+
+def tree_shapes(text: str) -> list[tuple[int, int]]:
+    """``"3x1,4x2"`` -> [(3, 1), (4, 2)] (width, γ)."""
+    shapes = []
+    for item in (t.strip() for t in text.split(",")):
+        if item:
+            width, _, gamma = item.partition("x")
+            if not (width.isdigit() and gamma.isdigit()):
+                raise SystemExit(f"--trees wants WIDTHxGAMMA entries such as 3x2, got {item!r}")
+            shapes.append((int(width), int(gamma)))
+    return shapes
 
 
 def main(argv=None) -> int:
@@ -101,13 +122,21 @@ def main(argv=None) -> int:
                 SpeculativeEngine(model, load_eagle3_drafter(path, verifier, vocab),
                                   schedule=DraftSchedule("constant", gamma), **common),
             ))  # fmt: skip
-    for least in [int(m) for m in args.fallback.split(",") if m.strip()]:
+    for width, gamma in tree_shapes(args.trees):
         runners.append(engine_runner(
-            f"suffix+eagle3-m{least}",
-            SpeculativeEngine(model, suffix_then_eagle3(heads[0], verifier, vocab, min_lookup_tokens=least,
-                                                        suffix={"num_speculative_tokens": FALLBACK_CAP}),
-                              schedule=DraftSchedule("constant", FALLBACK_CAP), **common),
+            f"eagle3-tree-w{width}-g{gamma}",
+            SpeculativeEngine(model, load_eagle3_drafter(heads[0], verifier, vocab, tree_width=width),
+                              schedule=DraftSchedule("constant", gamma), **common),
         ))  # fmt: skip
+    for least in [int(m) for m in args.fallback.split(",") if m.strip()]:
+        for width in [int(w) for w in args.fallback_widths.split(",") if w.strip()]:
+            runners.append(engine_runner(
+                f"suffix+eagle3-m{least}" + (f"-w{width}" if width > 1 else ""),
+                SpeculativeEngine(model, suffix_then_eagle3(heads[0], verifier, vocab, min_lookup_tokens=least,
+                                                            suffix={"num_speculative_tokens": FALLBACK_CAP},
+                                                            tree_width=width),
+                                  schedule=DraftSchedule("constant", FALLBACK_CAP), **common),
+            ))  # fmt: skip
     questions = heldout_questions(args.per_task)
     answers = run_all(runners, tokenizer, questions)
     figures = table(answers, "autoregressive")

@@ -226,6 +226,21 @@ def test_trained_methods_say_what_they_miss(overrides, message):
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.drafter.params.tree_width=0"], "model.drafter.params.tree_width=0: an integer >= 1"),
+        (["model.drafter.params.tree_width=3", "method=lossy"], "model.drafter.params.tree_width=3: trees of drafts"),
+    ],
+)
+def test_a_tree_width_is_checked_against_the_rule_before_any_model_loads(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_config(["model/drafter=eagle3-smollm2", *overrides]))
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    plan = validate(compose_config(["model/drafter=eagle3-smollm2", "model.drafter.params.tree_width=3"]))
+    assert plan.method == "sd"
+
+
 def test_trained_methods_validate_with_their_parts():
     plan = validate(compose_config([*TINY, "method=sd2", "steering=sd2"]))
     assert (plan.method, plan.checkpoint, plan.steering["v_layers"]) == ("sd2", None, [3, 16, 29])

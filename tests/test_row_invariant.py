@@ -92,6 +92,25 @@ def test_a_query_in_a_block_gets_the_bits_it_gets_alone(queries, keys):
         assert torch.equal(block[:, j], alone[:, 0]), f"query {j} of {queries} over {keys} keys"
 
 
+@pytest.mark.parametrize("keys", [30, 513, 1100])
+def test_a_node_of_a_draft_tree_gets_the_bits_of_its_own_chain_alone(keys):
+    """Tree drafts: a node attends to the cache and its ancestors, with its siblings' keys masked in between;
+    its result must be the one-query call over exactly those keys, contiguous."""
+    from specbench.decoding.tree import tree_structure
+
+    nodes = 9
+    q, k, v = _qkv(batch=1, queries=nodes, keys=keys + nodes, dim=64, seed=keys + 1)
+    parents = torch.tensor([[0, 1, 0, 0, 2, 3, 1, 5]])  # 8 drafts under the root (column 0)
+    ancestors, _ = tree_structure(parents)
+    allowed = torch.cat([torch.ones(1, nodes, keys, dtype=torch.bool), ancestors], dim=2).unsqueeze(1)
+    module = _Attention(3)
+    block, _ = row_invariant_sdpa(module, q, k, v, allowed)
+    for j in range(nodes):
+        index = torch.cat([torch.arange(keys), keys + torch.nonzero(ancestors[0, j]).squeeze(1)])
+        alone, _ = row_invariant_sdpa(module, q[:, :, j : j + 1], k[:, :, index], v[:, :, index], None)
+        assert torch.equal(block[:, j], alone[:, 0]), f"node {j} over {keys} keys"
+
+
 def test_padded_rows_of_a_batch_get_their_bits_too():
     q, k, v = _qkv(batch=2, queries=4, keys=60, dim=32, seed=4)
     padding = torch.ones(2, 60, dtype=torch.bool)
@@ -244,6 +263,10 @@ def test_the_embedded_pair_in_bf16_decodes_speculatively_as_autoregressively_at_
         "eagle3": (eagle3_drafter("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab), 2),
         "suffix": (SuffixDrafter(num_speculative_tokens=5), 5),
         "suffix+eagle3": (suffix_then_eagle3("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab), 10),
+        "eagle3-tree": (eagle3_drafter("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab, tree_width=3), 2),
+        "suffix+eagle3-tree": (
+            suffix_then_eagle3("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab, tree_width=3), 10
+        ),
     }
     for name, (drafter, gamma) in drafters.items():
         engine = SpeculativeEngine(verifier.model, drafter, schedule=DraftSchedule("constant", gamma), **common)

@@ -450,6 +450,7 @@ def _check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str,
                 f"model.drafter.params.path={params['path']!r}: no such file (a trained.pt of `task=train "
                 "method=eagle3`, relative to the working directory or the project root)"
             )
+    _check_tree_width(params.get("tree_width", 1), method, method_cfg)
     factory = _checked("model.drafter", check_drafter_spec, drafter.target, params)
     if method == "diversed" and is_deterministic(factory):
         raise ConfigError(
@@ -470,6 +471,16 @@ def _check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str,
                 f"method={method} needs the drafter's distribution q, but model.drafter.target={drafter.target!r} "
                 "proposes tokens without one; use method=sd, block, lossy, typical or fly, or a model drafter"
             )
+
+
+def _check_tree_width(width: Any, method: str, method_cfg: dict[str, Any]) -> None:
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise ConfigError(f"model.drafter.params.tree_width={width!r}: an integer >= 1 (1: a chain of drafts)")
+    if width > 1 and (method not in ("sd", "auto") or method_cfg.get("target")):
+        raise ConfigError(
+            f"model.drafter.params.tree_width={width}: trees of drafts are verified by the exact sd rule only, not "
+            f"method={method}; use method=sd, or tree_width=1 for a chain"
+        )
 
 
 def _method(cfg: DictConfig) -> tuple[str, str | None]:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specbench.decoding.tree import tree_structure
+from specbench.models.row_invariant import ROWWISE_ATTENTION
 from specbench.models.taps import record_states
 
 
@@ -67,18 +69,24 @@ class CachedModel:
         input_valid: torch.Tensor | None = None,
         output_hidden: bool = False,
         output_taps: Sequence[int] = (),
+        tree_parents: torch.Tensor | None = None,
         **model_inputs: torch.Tensor,
     ) -> ForwardOutput:
         """Append ``input_ids`` (B, W) to the cache; ``input_valid`` marks padding columns as False.
 
         ``output_hidden``: also return the last hidden state; ``output_taps``: the residual-stream taps
-        with these indices (both as defined in :mod:`specbench.models.taps`). ``model_inputs`` are passed
-        to the model's forward as they are (e.g. per-position features of a drafter head)."""
+        with these indices (both as defined in :mod:`specbench.models.taps`). ``tree_parents`` (B, W−1):
+        the columns are a draft tree over column 0 (:mod:`specbench.decoding.tree`), each attending to the
+        cache and its ancestors at position ``cached + depth``. ``model_inputs`` are passed to the model's
+        forward as they are (e.g. per-position features of a drafter head)."""
         if input_valid is None:
             input_valid = torch.ones_like(input_ids, dtype=torch.bool)
-        positions = self.num_valid.unsqueeze(1) + input_valid.long().cumsum(dim=1) - 1
-        positions = positions.clamp(min=0)
-        attention = torch.cat([self.valid, input_valid], dim=1).long()
+        if tree_parents is None:
+            positions = self.num_valid.unsqueeze(1) + input_valid.long().cumsum(dim=1) - 1
+            positions = positions.clamp(min=0)
+            attention = torch.cat([self.valid, input_valid], dim=1).long()
+        else:
+            positions, attention = self._tree_inputs(tree_parents)
         inputs = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions}
         with record_states(self.model, output_taps, output_hidden and self.lm_head is None) as states:
             if self.lm_head is None:
@@ -90,6 +98,39 @@ class CachedModel:
                 logits = self.lm_head(hidden)
         self.valid = torch.cat([self.valid, input_valid], dim=1)
         return ForwardOutput(logits=logits.float(), hidden=hidden if output_hidden else None, taps=states.taps)
+
+    def _tree_inputs(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids and the 4D attention mask of a tree forward (transformers passes 4D masks as they are)."""
+        ancestors, depth = tree_structure(parents)
+        batch, width = depth.shape
+        cached = self.valid.unsqueeze(1).expand(batch, width, -1)
+        allowed = torch.cat([cached, ancestors], dim=2).unsqueeze(1)  # (B, 1, W, cache + W)
+        implementation = getattr(self.model.config, "_attn_implementation", None)
+        if implementation == "eager":
+            dtype = next(self.model.parameters()).dtype
+            blocked = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+            mask = blocked.masked_fill(allowed, 0.0)
+        elif implementation in ("sdpa", ROWWISE_ATTENTION):
+            mask = allowed
+        else:
+            raise ValueError(
+                f"tree drafts need sdpa or eager attention; this model uses {implementation!r} "
+                "(load it with attn_implementation='sdpa')"
+            )
+        return self.num_valid.unsqueeze(1) + depth, mask
+
+    def reorder_last(self, order: torch.Tensor) -> None:
+        """Permute each row's last ``W = order.shape[1]`` cache slots (the newest forward's columns) by
+        ``order`` (B, W): a tree round puts its accepted path first, so that ``keep`` then keeps a chain.
+        Only those W slots per layer are copied."""
+        width = order.shape[1]
+        for layer in self._layers():
+            here = order.to(layer.keys.device)
+            for name in ("keys", "values"):
+                cached = getattr(layer, name)
+                index = here[:, None, :, None].expand(-1, cached.shape[1], -1, cached.shape[-1])
+                cached[:, :, -width:] = torch.gather(cached[:, :, -width:], 2, index)
+        self.valid[:, -width:] = torch.gather(self.valid[:, -width:], 1, order.to(self.valid.device))
 
     def keep(self, counts: torch.Tensor) -> None:
         """Keep only the first ``counts[b]`` cached tokens of each row; drop the rest from attention."""

@@ -19,6 +19,7 @@ from specbench.decoding.cache import CachedModel, ForwardOutput
 from specbench.decoding.drafting import BatchState, DraftSampler
 from specbench.decoding.rules import VerificationRule
 from specbench.decoding.schedules import DraftSchedule
+from specbench.decoding.tree import check_parents, verify_tree
 from specbench.decoding.verification import verify_round
 from specbench.decoding.warping import Warping
 from specbench.drafters.base import Drafter, Proposal, VerifierNeeds, VerifierView
@@ -173,6 +174,12 @@ class SpeculativeEngine:
                 f"{self.drafter.name!r} proposes tokens without one; use a rule that verifies deterministic "
                 "proposals (sd, lossy, typical, block) or a model drafter"
             )
+        if self.drafter.proposes_trees and type(self.rule) is not VerificationRule:
+            raise ValueError(
+                f"drafter {self.drafter.name!r} proposes trees of drafts, which only the exact 'sd' rule "
+                f"verifies; use method=sd, or the drafter's chain mode (tree_width=1) with the "
+                f"{self.rule.name!r} rule"
+            )
         if self.rule.requires_hidden_states and self.drafter.hidden_size is None:
             raise ValueError(
                 f"the {self.rule.name!r} rule reads the drafter's hidden states, which drafter "
@@ -234,6 +241,9 @@ class SpeculativeEngine:
                 proposal = self.drafter.propose(state, caps, sampler, want_hidden=self.rule.requires_hidden_states)
                 proposal = self.schedule.trim(proposal)
         t1 = self.clock.now()
+        if proposal.is_tree:
+            self._tree_round(state, results, proposal, t0, t1)
+            return
         drafts, draft_lens = proposal.tokens, proposal.lengths
         verifier_input = torch.cat([state.last_tokens().unsqueeze(1), drafts], dim=1)
         gamma = drafts.shape[1]
@@ -254,6 +264,44 @@ class SpeculativeEngine:
         if self.drafter is not None:
             self.schedule.observe(proposal, verdict.accepted)
         self._commit(state, results, proposal, verdict.accepted, verdict.next_token, weights, view, logp,
+                     draft_time=t1 - t0, verify_time=t2 - t1, draft_forwards=proposal.forwards)
+
+    def _tree_round(self, state, results, proposal: Proposal, t0: float, t1: float) -> None:
+        """Verify a tree of drafts in one forward, then hand the accepted path on as if it were a chain:
+        the path's columns go first in the verifier's cache, in the view the drafter commits from and in
+        the drafts ``_commit`` emits."""
+        if type(self.rule) is not VerificationRule:
+            raise ValueError(f"the {self.rule.name!r} rule cannot verify trees of drafts; use method=sd")
+        parents = proposal.parents
+        check_parents(parents, proposal.tokens)
+        verifier_input = torch.cat([state.last_tokens().unsqueeze(1), proposal.tokens], dim=1)
+        root = torch.ones(state.size, 1, dtype=torch.bool, device=self.device)
+        verifier_valid = torch.cat([root, parents >= 0], dim=1)
+        needs = self.drafter_needs
+        out = self.verifier.forward(
+            verifier_input, verifier_valid, output_hidden=needs.hidden, output_taps=needs.taps, tree_parents=parents
+        )
+        verdict = verify_tree(self.warping.probs(out.logits), proposal.tokens, parents, self.warping.greedy,
+                              self.generator)  # fmt: skip
+        order = verdict.column_order(verifier_input.shape[1], self.device)
+        self.verifier.reorder_last(order)
+
+        def by_path(x: torch.Tensor | None) -> torch.Tensor | None:
+            if x is None:
+                return None
+            index = order.to(x.device)
+            if x.dim() == 3:
+                index = index.unsqueeze(-1).expand(-1, -1, x.shape[-1])
+            return torch.gather(x, 1, index)
+
+        path_input = by_path(verifier_input)
+        view = VerifierView(path_input, by_path(verifier_valid), by_path(out.hidden),
+                            {i: by_path(t) for i, t in out.taps.items()})  # fmt: skip
+        path = Proposal(path_input[:, 1:], proposal.lengths, forwards=proposal.forwards, parents=parents)
+        logp = emitted_log_likelihoods(by_path(out.logits), path.tokens, verdict.accepted, verdict.next_token)
+        t2 = self.clock.now()
+        self.schedule.observe(path, verdict.accepted)
+        self._commit(state, results, path, verdict.accepted, verdict.next_token, None, view, logp,
                      draft_time=t1 - t0, verify_time=t2 - t1, draft_forwards=proposal.forwards)
 
     def _commit(self, state, results, proposal, accepted, next_token, weights, view, logp, **timing) -> None:

@@ -84,7 +84,11 @@ class Proposal:
     states, e.g. DIVERSED, ask for it through ``want_hidden``), else None;
     forwards: drafter forward passes spent (0 for model-free drafters), for the cost accounting;
     match_lengths: (B,) for lookup drafters, the length of the context match each row's drafts continue
-    (0: no match), which the cost-aware schedule uses to estimate acceptance; None otherwise.
+    (0: no match), which the cost-aware schedule uses to estimate acceptance; None otherwise;
+    parents: (B, G) for a tree of drafts (:mod:`specbench.decoding.tree`), the verifier column of each
+    draft's parent (0: the last committed token; draft ``j`` is column ``j + 1``; -1: padding), with
+    ``lengths[b]`` the row's number of real nodes; None for a chain. Tree drafts are verified one-hot
+    (``q`` is not read) and only by the exact ``sd`` rule.
     """
 
     tokens: torch.Tensor
@@ -93,9 +97,16 @@ class Proposal:
     hidden: torch.Tensor | None = None
     forwards: int = 0
     match_lengths: torch.Tensor | None = None
+    parents: torch.Tensor | None = None
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
 
     def truncated(self, lengths: torch.Tensor) -> Proposal:
         """The same drafts cut to ``lengths`` (<= the current ones), columns no row uses dropped."""
+        if self.is_tree:
+            raise ValueError("a tree of drafts cannot be cut to lengths; schedules trim chains only")
         lengths = torch.minimum(lengths, self.lengths)
         width = int(lengths.max()) if lengths.numel() else 0
         return Proposal(
@@ -117,10 +128,12 @@ class Drafter(ABC):
     ``deterministic``: the drafter proposes tokens without a distribution (``Proposal.q is None``); the
     config refuses rules whose math needs a real q for such a drafter.
     ``hidden_size``: width of ``Proposal.hidden`` when the drafter can produce it (None: it cannot).
+    ``proposes_trees``: its proposals may be trees of drafts (``Proposal.parents``).
     """
 
     needs: VerifierNeeds = VerifierNeeds()
     deterministic: bool = False
+    proposes_trees: bool = False  # Proposal.parents set: verified by the exact sd rule only
     hidden_size: int | None = None
     name: str = "drafter"
 

@@ -38,6 +38,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specbench.decoding.cache import CachedModel
+from specbench.decoding.tree import chain_with_leaves, top_leaves
 from specbench.drafters.base import Drafter, Proposal, VerifierNeeds, VerifierView
 from specbench.drafters.draft_vocab import DraftVocab
 
@@ -402,9 +403,15 @@ class Eagle3Drafter(Drafter):
 
     name = "eagle3"
 
-    def __init__(self, head: Eagle3Head, name: str = "eagle3"):
+    def __init__(self, head: Eagle3Head, name: str = "eagle3", tree_width: int = 1):
+        if not isinstance(tree_width, int) or isinstance(tree_width, bool) or tree_width < 1:
+            raise ValueError(f"tree_width must be an integer >= 1 (1: a chain of drafts), got {tree_width!r}")
         self.head = head.eval()
         self.name = name
+        # tree_width > 1: at every depth of the drafted chain also propose the head's next tree_width - 1
+        # most likely tokens as leaves (one verifier forward checks them all; decoding/tree.py).
+        self.tree_width = tree_width
+        self.proposes_trees = tree_width > 1
         self.needs = VerifierNeeds(taps=head.taps)
         self.hidden_size = head.hidden_size
         self.cached = CachedModel(head, head.vocab.size)
@@ -482,11 +489,14 @@ class Eagle3Drafter(Drafter):
             return Proposal.empty(batch, device)
         drafting = caps > 0
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        tokens, qs, hiddens = [], [], []
+        tokens, qs, hiddens, leaves = [], [], [], []
         forwards = 0
         for _ in range(max_len):
-            token, q = sampler.draw(self.head.vocab.expand_logits(logits.float()))
+            full_logits = self.head.vocab.expand_logits(logits.float())
+            token, q = sampler.draw(full_logits)
             token = torch.where(drafting, token, torch.full_like(token, state.pad_id))
+            if self.proposes_trees:
+                leaves.append(top_leaves(full_logits, token, drafting, self.tree_width - 1))
             tokens.append(token)
             qs.append(q)
             if want_hidden:
@@ -499,6 +509,8 @@ class Eagle3Drafter(Drafter):
                 token.unsqueeze(1), drafting.unsqueeze(1), want_hidden, draft_hidden=hidden
             )
             forwards += 1
+        if self.proposes_trees:
+            return chain_with_leaves(torch.stack(tokens, dim=1), lengths, leaves, state.pad_id, forwards + 1)
         return Proposal(
             tokens=torch.stack(tokens, dim=1),
             lengths=lengths,
@@ -536,4 +548,5 @@ class Eagle3Drafter(Drafter):
             "drafter_kind": "eagle3",
             "taps": list(self.head.taps),
             "draft_vocab_size": self.head.vocab.size,
+            "tree_width": self.tree_width,
         }

@@ -350,9 +350,10 @@ def load_trained_eagle3(path: str | Path, verifier: Any, vocab_size: int) -> tup
 
 
 def load_eagle3_drafter(
-    source: str | Path, verifier: Any, vocab_size: int, taps=None, name: str | None = None
+    source: str | Path, verifier: Any, vocab_size: int, taps=None, name: str | None = None, tree_width: int = 1
 ) -> Eagle3Drafter:
-    """An :class:`Eagle3Drafter` from a specbench checkpoint file, or a public head (directory / hub id)."""
+    """An :class:`Eagle3Drafter` from a specbench checkpoint file, or a public head (directory / hub id);
+    ``tree_width`` > 1 drafts trees (the chain plus ``tree_width − 1`` leaves per depth)."""
     path = Path(str(source)).expanduser()
     if path.is_file():
         head, metadata = load_trained_eagle3(path, verifier, vocab_size)
@@ -362,7 +363,7 @@ def load_eagle3_drafter(
             )
     else:
         head = load_eagle3_pretrained(source, verifier, vocab_size, taps)
-    return Eagle3Drafter(head, name or f"eagle3 ({Path(str(source)).name})")
+    return Eagle3Drafter(head, name or f"eagle3 ({Path(str(source)).name})", tree_width=tree_width)
 
 
 def compact_checkpoint(source: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
@@ -391,14 +392,15 @@ def looks_like_file(path: str) -> bool:
     return str(path).endswith(CHECKPOINT_SUFFIXES) or str(path).startswith(("/", "./", "../", "~"))
 
 
-def eagle3_drafter(path: str | None, verifier: Any, vocab_size: int, taps=None) -> Eagle3Drafter:
-    """``model/drafter=eagle3``: the head at ``path`` (``model.drafter.params.path``) for this verifier."""
+def eagle3_drafter(path: str | None, verifier: Any, vocab_size: int, taps=None, tree_width: int = 1) -> Eagle3Drafter:
+    """``model/drafter=eagle3``: the head at ``path`` (``model.drafter.params.path``) for this verifier;
+    ``tree_width`` (``model.drafter.params.tree_width``) > 1 drafts trees, verified by ``method=sd``."""
     if not path:
         raise ValueError(
             "model.drafter.params.path is null: pass the trained.pt of `task=train method=eagle3`, an EAGLE / "
             "SpecForge checkpoint directory or a hub id (e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B)"
         )
-    return load_eagle3_drafter(resolve_head_path(path), verifier, vocab_size, taps)
+    return load_eagle3_drafter(resolve_head_path(path), verifier, vocab_size, taps, tree_width=tree_width)
 
 
 # --- command line ---------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specbench.decoding.tree import NO_PARENT
 from specbench.drafters.base import Drafter, Proposal
 
 
@@ -48,6 +49,7 @@ class FallbackDrafter(Drafter):
         self.name = name
         self.needs = lookup.needs.union(model.needs)
         self.deterministic = False
+        self.proposes_trees = model.proposes_trees
         self.lookup_rows = self.model_rows = 0  # row-rounds each drafter drafted in (since construction)
 
     def reset(self, batch_size: int) -> None:
@@ -74,6 +76,12 @@ class FallbackDrafter(Drafter):
             use_lookup.unsqueeze(1), _pad(looked.tokens, width, state.pad_id), _pad(drafted.tokens, width, state.pad_id)
         )
         lengths = torch.where(use_lookup, looked.lengths, drafted.lengths)
+        if drafted.parents is not None:  # the model drafted trees: lookup rows become chains of that tree
+            columns = torch.arange(width, device=tokens.device).unsqueeze(0)
+            chain = torch.where(columns < looked.lengths.unsqueeze(1), columns, torch.full_like(columns, NO_PARENT))
+            model_parents = F.pad(drafted.parents, (0, width - drafted.parents.shape[1]), value=NO_PARENT)
+            parents = torch.where(use_lookup.unsqueeze(1), chain, model_parents)
+            return Proposal(tokens=tokens, lengths=lengths, forwards=drafted.forwards, parents=parents)
         one_hot = F.one_hot(tokens, self.vocab_size).float()
         if drafted.q is not None:
             model_q = torch.cat([drafted.q, one_hot[:, drafted.q.shape[1] :]], dim=1)
@@ -112,15 +120,17 @@ def suffix_then_eagle3(
     model_gamma: int = 1,
     suffix: dict | None = None,
     taps=None,
+    tree_width: int = 1,
 ) -> FallbackDrafter:
     """``model/drafter=suffix-eagle3-smollm2``: the suffix drafter, and the EAGLE-3 head at ``path`` where the
-    suffix drafter has fewer than ``min_lookup_tokens`` tokens to propose."""
+    suffix drafter has fewer than ``min_lookup_tokens`` tokens to propose (a tree of ``tree_width`` tokens per
+    depth when ``tree_width`` > 1)."""
     from specbench.drafters.eagle3_format import eagle3_drafter
     from specbench.drafters.suffix import SuffixDrafter
 
     return FallbackDrafter(
         SuffixDrafter(**(suffix or {})),
-        eagle3_drafter(path, verifier, vocab_size, taps),
+        eagle3_drafter(path, verifier, vocab_size, taps, tree_width=tree_width),
         vocab_size,
         min_lookup_tokens,
         model_gamma,
