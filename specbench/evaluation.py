@@ -105,10 +105,11 @@ def build_engines(
     vocab = pair_vocab_size(verifier, drafter)
     drafter_impl: Drafter | None = drafter if isinstance(drafter, Drafter) else None
     if isinstance(drafter, LoadedModel):
+        width = drafter.spec.tree_width
         if steering is not None:
-            drafter_impl = SD2Drafter(steering, vocab, drafter.name, drafter.draft_vocab)
+            drafter_impl = SD2Drafter(steering, vocab, drafter.name, drafter.draft_vocab, tree_width=width)
         else:
-            drafter_impl = ModelDrafter(drafter.model, vocab, drafter.name, drafter.draft_vocab)
+            drafter_impl = ModelDrafter(drafter.model, vocab, drafter.name, drafter.draft_vocab, tree_width=width)
     elif steering is not None:
         raise ValueError("SD² steering needs a model drafter")
     eos = eos_token_ids(verifier.model, tokenizer)

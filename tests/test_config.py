@@ -241,6 +241,15 @@ def test_a_tree_width_is_checked_against_the_rule_before_any_model_loads(overrid
     assert plan.method == "sd"
 
 
+def test_a_model_drafter_takes_a_tree_width_for_the_exact_rule_only():
+    plan = validate(compose_config(["model.drafter.tree_width=3"]))  # the default early-exit drafter
+    assert plan.drafter.tree_width == 3
+    with pytest.raises(ConfigError, match=r"^model.drafter.tree_width=3: trees of drafts .* not method=typical"):
+        validate(compose_config(["model.drafter.tree_width=3", "method=typical"]))
+    with pytest.raises(ConfigError, match=r"^model.drafter.tree_width=-1: an integer >= 1"):
+        validate(compose_config(["model.drafter.tree_width=-1"]))
+
+
 def test_trained_methods_validate_with_their_parts():
     plan = validate(compose_config([*TINY, "method=sd2", "steering=sd2"]))
     assert (plan.method, plan.checkpoint, plan.steering["v_layers"]) == ("sd2", None, [3, 16, 29])

@@ -77,9 +77,11 @@ def test_values_may_be_wider_than_queries_and_keys():
     torch.testing.assert_close(out.double(), _reference(q, k, v, _causal(2, 3, 40)), rtol=0.02, atol=0.02)
 
 
-@pytest.mark.parametrize("queries", [2, 3, 4, 8, 17])
-@pytest.mark.parametrize("keys", [30, 257, 1100])
+@pytest.mark.parametrize("queries", [2, 3, 4, 7, 8, 11, 17])
+@pytest.mark.parametrize("keys", [30, 257, 1026, 1027, 1029, 1100, 2060])
 def test_a_query_in_a_block_gets_the_bits_it_gets_alone(queries, keys):
+    """Keys around 1024 are where the probability-value product's blocking changed with the number of keys
+    (a block of 7 over 1026–1029 keys against its first query alone over 1020–1023 gave other bits)."""
     """Query j of a block of Q (the last Q positions) == the one-query call over keys 0..K-Q+j, bit for bit."""
     q, k, v = _qkv(batch=1, queries=queries, keys=keys, dim=64, seed=keys)
     module = _Attention(3)

@@ -211,3 +211,60 @@ def test_suffix_drafter_with_a_tree_drafting_head_as_fallback_stays_lossless(ver
     for prompt, result in zip(prompts, results):
         assert result.output_ids == greedy_reference(verifier, prompt, 30)
     assert drafter.lookup_rows > 5 and drafter.model_rows > 5
+
+
+class _Recording:
+    """Mixin: keep every proposal's drafts."""
+
+    def propose(self, state, caps, sampler, want_hidden=False):
+        proposal = super().propose(state, caps, sampler, want_hidden)
+        self.proposed.append(proposal.tokens.tolist())
+        return proposal
+
+
+def _model_tree_drafter(verifier, width, fresh=False):
+    from specbench.drafters.model import ModelDrafter
+    from specbench.models.early_exit import early_exit_drafter
+
+    class Recorded(_Recording, ModelDrafter):
+        proposed: list
+
+    class FreshCache(Recorded):
+        """Rebuilds its cache from the committed tokens before every round: the reference a drafter that
+        keeps its cache across rounds must match."""
+
+        def propose(self, state, caps, sampler, want_hidden=False):
+            self.cached.reset(state.size)
+            self._forward(state.tokens[:, :-1], state.token_valid[:, :-1])
+            return super().propose(state, caps, sampler, want_hidden)
+
+    drafter = (FreshCache if fresh else Recorded)(early_exit_drafter(verifier.model, 3), VOCAB, tree_width=width)
+    drafter.proposed = []
+    return drafter
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_a_model_drafter_drafting_trees_stays_lossless_and_keeps_a_true_cache(verifier, data, batch_size):
+    """Greedy outputs equal the verifier's; and after a round whose path left the chain for a leaf, the
+    drafter's cache holds the committed tokens, not its own chain's drafts: its drafts every round are those
+    of a drafter that rebuilds its cache from scratch."""
+    prompts = [data["train"][i]["input_ids"][: data["train"][i]["prompt_len"]] for i in range(4)]
+    runs = {}
+    for name, fresh in (("kept", False), ("fresh", True)):
+        drafter = _model_tree_drafter(verifier, 3, fresh)
+        engine = SpeculativeEngine(
+            verifier.model, drafter, schedule=DraftSchedule("constant", 3),
+            settings=GenerationSettings(max_new_tokens=20), vocab_size=VOCAB, eos_token_ids=[EOS_ID],
+            pad_token_id=PAD_ID,
+        )  # fmt: skip
+        results = []
+        for first in range(0, len(prompts), batch_size):
+            results += engine.generate(prompts[first : first + batch_size])
+        for prompt, result in zip(prompts, results):
+            assert result.output_ids == greedy_reference(verifier, prompt, 20)
+        runs[name] = (drafter.proposed, results)
+    assert runs["kept"][0] == runs["fresh"][0]
+    leaf_paths = 0
+    for result in runs["kept"][1]:
+        leaf_paths += sum(1 for r in result.rounds if r.accepted >= 1)
+    assert leaf_paths >= 5

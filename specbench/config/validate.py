@@ -450,7 +450,7 @@ def _check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str,
                 f"model.drafter.params.path={params['path']!r}: no such file (a trained.pt of `task=train "
                 "method=eagle3`, relative to the working directory or the project root)"
             )
-    _check_tree_width(params.get("tree_width", 1), method, method_cfg)
+    _check_tree_width(params.get("tree_width", 1), method, method_cfg, "model.drafter.params.tree_width")
     factory = _checked("model.drafter", check_drafter_spec, drafter.target, params)
     if method == "diversed" and is_deterministic(factory):
         raise ConfigError(
@@ -473,13 +473,17 @@ def _check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str,
             )
 
 
-def _check_tree_width(width: Any, method: str, method_cfg: dict[str, Any]) -> None:
+# Methods that verify with the exact sd rule (the trained ones steer or replace the drafter only).
+EXACT_RULE_METHODS = ("sd", "sd2", "distill", "eagle3")
+
+
+def _check_tree_width(width: Any, method: str, method_cfg: dict[str, Any], key: str) -> None:
     if not isinstance(width, int) or isinstance(width, bool) or width < 1:
-        raise ConfigError(f"model.drafter.params.tree_width={width!r}: an integer >= 1 (1: a chain of drafts)")
-    if width > 1 and (method not in ("sd", "auto") or method_cfg.get("target")):
+        raise ConfigError(f"{key}={width!r}: an integer >= 1 (1: a chain of drafts)")
+    if width > 1 and (method not in (*EXACT_RULE_METHODS, "auto") or method_cfg.get("target")):
         raise ConfigError(
-            f"model.drafter.params.tree_width={width}: trees of drafts are verified by the exact sd rule only, not "
-            f"method={method}; use method=sd, or tree_width=1 for a chain"
+            f"{key}={width}: trees of drafts are verified by the exact sd rule only, not method={method}; use "
+            "method=sd, or tree_width=1 for a chain"
         )
 
 
@@ -535,7 +539,9 @@ def validate(cfg: DictConfig) -> RunPlan:
         check_draft_vocab(drafter, "model.drafter", verifier)
         if drafter.kind == "drafter":
             _check_plugin_drafter(drafter, method, method_cfg)
-        elif method == "eagle3":
+        else:
+            _check_tree_width(drafter.tree_width, method, method_cfg, "model.drafter.tree_width")
+        if drafter.kind != "drafter" and method == "eagle3":
             raise ConfigError("method=eagle3 decodes with an EAGLE-3 head: add model/drafter=eagle3")
     if schedule["name"] == "cost_aware":
         _check_file(schedule.get("profile"), "schedule.profile")

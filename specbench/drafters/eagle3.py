@@ -38,7 +38,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specbench.decoding.cache import CachedModel
-from specbench.decoding.tree import chain_with_leaves, top_leaves
+from specbench.decoding.tree import chain_with_leaves, check_tree_width, top_leaves
 from specbench.drafters.base import Drafter, Proposal, VerifierNeeds, VerifierView
 from specbench.drafters.draft_vocab import DraftVocab
 
@@ -404,8 +404,7 @@ class Eagle3Drafter(Drafter):
     name = "eagle3"
 
     def __init__(self, head: Eagle3Head, name: str = "eagle3", tree_width: int = 1):
-        if not isinstance(tree_width, int) or isinstance(tree_width, bool) or tree_width < 1:
-            raise ValueError(f"tree_width must be an integer >= 1 (1: a chain of drafts), got {tree_width!r}")
+        check_tree_width(tree_width)
         self.head = head.eval()
         self.name = name
         # tree_width > 1: at every depth of the drafted chain also propose the head's next tree_width - 1

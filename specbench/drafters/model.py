@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 
 from specbench.decoding.cache import CachedModel, ForwardOutput
 from specbench.decoding.drafting import BatchState, DraftSampler
+from specbench.decoding.tree import chain_with_leaves, check_tree_width, top_leaves
 from specbench.drafters.base import Drafter, Proposal, VerifierView
 from specbench.drafters.draft_vocab import DraftVocab
 
@@ -28,6 +29,9 @@ class ModelDrafter(Drafter):
     draft vocabulary (sliced once per device and dtype), never computing the full-vocabulary logits; the
     logits are expanded to ``vocab_size`` with ``-inf`` outside before the sampler warps them, so q is
     exactly 0 there and the exact rules stay exact.
+
+    ``tree_width`` > 1: a tree of drafts, the chain plus the model's next ``tree_width − 1`` tokens as leaves
+    at each depth (:mod:`specbench.decoding.tree`; only ``method=sd`` verifies trees).
     """
 
     def __init__(
@@ -36,7 +40,12 @@ class ModelDrafter(Drafter):
         vocab_size: int | None = None,
         name: str | None = None,
         draft_vocab: DraftVocab | None = None,
+        tree_width: int = 1,
     ):
+        check_tree_width(tree_width)
+        self.tree_width = tree_width
+        self.proposes_trees = tree_width > 1
+        self._fed: list[list[int]] = []  # per row: the drafts fed to the cache in the last propose
         self.model = model
         self._vocab_size = int(vocab_size or model.config.vocab_size)
         self.draft_vocab = draft_vocab
@@ -108,11 +117,19 @@ class ModelDrafter(Drafter):
         drafting = caps > 0
         lengths = torch.zeros(batch, dtype=torch.long, device=state.device)
         forwards = 0
-        for _ in range(max_len):
+        leaves, fed = [], [[] for _ in range(batch)]
+        for step in range(max_len):
             out = self._forward(step_input, step_valid, output_hidden=want_hidden)
             forwards += 1
-            token, q = sampler.draw(self._next_logits(out))
+            if step:
+                for row, is_fed in enumerate(step_valid[:, 0].tolist()):
+                    if is_fed:
+                        fed[row].append(int(step_input[row, 0]))
+            logits = self._next_logits(out)
+            token, q = sampler.draw(logits)
             token = torch.where(drafting, token, torch.full_like(token, state.pad_id))
+            if self.proposes_trees:
+                leaves.append(top_leaves(logits.float(), token, drafting, self.tree_width - 1))
             drafts.append(token)
             probs.append(q)
             if want_hidden:
@@ -123,12 +140,32 @@ class ModelDrafter(Drafter):
                 break
             step_input, step_valid = token.unsqueeze(1), keep_going.unsqueeze(1)
             drafting = keep_going
+        self._fed = fed
+        if self.proposes_trees:
+            return chain_with_leaves(torch.stack(drafts, dim=1), lengths, leaves, state.pad_id, forwards)
         hidden = torch.stack(hiddens, dim=1) if want_hidden else None
         return Proposal(torch.stack(drafts, dim=1), lengths, torch.stack(probs, dim=1), hidden, forwards)
 
     def commit(self, state: BatchState, view: VerifierView, accepted: torch.Tensor) -> None:
         committed = state.lengths() - 1
-        self.cached.keep(torch.minimum(self.cached.num_valid, committed))
+        keep = torch.minimum(self.cached.num_valid, committed)
+        if self.proposes_trees:
+            # The cache holds the chain's drafts; a path that left the chain for a leaf keeps only the drafts
+            # before it (for a chain the accepted drafts are exactly the leading cached ones).
+            keep = keep - torch.tensor(self._stale_drafts(state, accepted), dtype=torch.long, device=keep.device)
+        self.cached.keep(keep)
+
+    def _stale_drafts(self, state: BatchState, accepted: torch.Tensor) -> list[int]:
+        """Per row: the cached chain drafts that the accepted path does not share (each row's accepted
+        drafts are the ``accepted[b]`` tokens before its newest one)."""
+        stale = []
+        for row, (fed, n) in enumerate(zip(self._fed, accepted.tolist())):
+            kept = state.row_tokens(row)[-1 - n : -1] if n else []
+            same = 0
+            while same < min(len(fed), n) and fed[same] == kept[same]:
+                same += 1
+            stale.append(min(len(fed), n) - same)
+        return stale
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cached.select_rows(rows)

@@ -27,8 +27,9 @@ class SD2Drafter(ModelDrafter):
         vocab_size: int | None = None,
         name: str | None = None,
         draft_vocab: DraftVocab | None = None,
+        tree_width: int = 1,
     ):
-        super().__init__(steering.drafter, vocab_size, name, draft_vocab)
+        super().__init__(steering.drafter, vocab_size, name, draft_vocab, tree_width)
         self.steering = steering
         self.needs = VerifierNeeds(taps=tuple(steering.spec.v_layers))
         self._source: torch.Tensor | None = None  # (B, 3·H_V) the next round's steering source

@@ -31,6 +31,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 ROWWISE_ATTENTION = "sdpa_rowwise"
 MAX_ROWWISE_QUERIES = 32  # a verification block is γ + 1 rows; longer blocks are prefills
+KEY_CHUNK = 512  # keys per probability-value product (below the 1024 where the kernel's blocking changed)
 REDUCED = (torch.bfloat16, torch.float16)
 
 
@@ -110,9 +111,17 @@ def _attend(query, key, value, allowed, scale) -> torch.Tensor:
     top = scores.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0)  # a fully masked (padding) row
     weights = scores.sub_(top).exp_().to(query.dtype)
     ones = torch.ones(*value.shape[:-1], 1, dtype=value.dtype, device=value.device)
-    summed = torch.matmul(weights, torch.cat([value, ones], dim=-1))
+    value_one = torch.cat([value, ones], dim=-1)
+    # The probability-value product reduces over the keys, and the kernel's blocking of that reduction changes
+    # with the number of keys (measured: 1019..1023 keys against 1025..1029 with the later ones masked give
+    # other bits). Fixed chunks from key 0 make a query's reduction the same however many keys follow it;
+    # each chunk is one kernel block, its masked tail adds exact zeros, and the partials are added in order.
+    summed = None
+    for start in range(0, keys, KEY_CHUNK):
+        part = torch.matmul(weights[..., start : start + KEY_CHUNK], value_one[..., start : start + KEY_CHUNK, :])
+        summed = part.float() if summed is None else summed.add_(part.float())
     width = value.shape[-1]  # may differ from the query / key width
-    out = (summed[..., :width].float() / summed[..., width:].float().clamp(min=1e-30)).to(query.dtype)
+    out = (summed[..., :width] / summed[..., width:].clamp(min=1e-30)).to(query.dtype)
     out = out.reshape(batch, key_heads, queries, group, width).transpose(2, 3)
     return out.reshape(batch, heads, queries, width)
 

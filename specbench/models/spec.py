@@ -42,6 +42,9 @@ class ModelSpec:
     # trained.pt); ``draft_vocab_size`` how many tokens (null: the full vocabulary, or the saved one's size).
     draft_vocab_size: int | None = None
     draft_vocab: str | None = None
+    # A model drafter drafting trees (docs/eagle3.md, tree drafts): > 1 adds its next tree_width - 1 tokens as
+    # leaves at each depth of its chain; verified by the exact sd rule only.
+    tree_width: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
