@@ -268,3 +268,29 @@ def test_a_model_drafter_drafting_trees_stays_lossless_and_keeps_a_true_cache(ve
     for result in runs["kept"][1]:
         leaf_paths += sum(1 for r in result.rounds if r.accepted >= 1)
     assert leaf_paths >= 5
+
+
+def test_a_sampled_first_child_is_verified_with_its_q_and_the_leaves_against_the_residual():
+    """The chain's child was drawn from q: accepted with min(1, p/q), then the leaves one-hot against
+    norm(max(p − q, 0)). The emitted token has p's law, and the sampled child is accepted with probability
+    Σ min(p, q) (more than the p(x) a one-hot test would give it)."""
+    vocab = 5
+    p = torch.zeros(1, 4, vocab)
+    p[0, 0] = torch.tensor([0.1, 0.3, 0.05, 0.35, 0.2])
+    p[0, 1:] = 0.2
+    q_draft = torch.tensor([0.05, 0.5, 0.05, 0.3, 0.1])
+    generator = torch.Generator().manual_seed(1)
+    counts, chain_accepted, runs = np.zeros(vocab), 0, 9000
+    for _ in range(runs):
+        x = int(torch.multinomial(q_draft, 1, generator=generator))
+        leaves = [t for t in torch.argsort(q_draft, descending=True).tolist() if t != x][:2]
+        tokens = torch.tensor([[x, *leaves]])
+        q = torch.zeros(1, 3, vocab)
+        q[0, 0] = q_draft
+        verdict = verify_tree(p, tokens, torch.tensor([[0, 0, 0]]), greedy=False, generator=generator, q=q)
+        emitted = int(tokens[0, verdict.path[0][0] - 1]) if verdict.path[0] else int(verdict.next_token)
+        counts[emitted] += 1
+        chain_accepted += verdict.path[0][:1] == [1]
+    assert chi2_pvalue(counts, p[0, 0].double().numpy()) > 1e-3
+    expected = float(torch.minimum(p[0, 0], q_draft).sum())  # 0.75, against Σ q p = 0.29 one-hot
+    assert abs(chain_accepted / runs - expected) < 0.02

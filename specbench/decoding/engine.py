@@ -282,7 +282,7 @@ class SpeculativeEngine:
             verifier_input, verifier_valid, output_hidden=needs.hidden, output_taps=needs.taps, tree_parents=parents
         )
         verdict = verify_tree(self.warping.probs(out.logits), proposal.tokens, parents, self.warping.greedy,
-                              self.generator)  # fmt: skip
+                              self.generator, proposal.q)  # fmt: skip
         order = verdict.column_order(verifier_input.shape[1], self.device)
         self.verifier.reorder_last(order)
 

@@ -15,6 +15,8 @@ ending in that node would give. Verification walks down from the root (:func:`ve
   accepted the correction is drawn from what remains of ``r``. Each step draws exactly from the
   verifier's distribution (the children are fixed before the verifier's randomness is used), so the
   rule is lossless for any choice of children; it is the ``sd`` rule with one-hot drafts, tried in turn.
+  A first child drawn from the drafter's q gets the standard ``min(1, p/q)`` test instead, and the others
+  are tried against its residual ``norm(max(p − q, 0))``.
 
 Only the exact ``sd`` rule verifies trees: the other rules' math is defined for one draft per position.
 """
@@ -79,11 +81,12 @@ def top_leaves(logits: torch.Tensor, drafted: torch.Tensor, drafting: torch.Tens
     return ids, real
 
 
-def chain_with_leaves(chain, lengths, leaves, pad_id: int, forwards: int):
+def chain_with_leaves(chain, lengths, leaves, pad_id: int, forwards: int, q: torch.Tensor | None = None):
     """A tree :class:`~specbench.drafters.base.Proposal` from a drafted chain (B, D) of ``lengths`` (B,) and,
     per depth ``i``, its leaves ``(ids, real)`` (B, k) from :func:`top_leaves`. Columns: the chain (draft
     ``i`` under draft ``i − 1``), then each depth's leaves, siblings of chain draft ``i`` under the same
-    parent (verifier column ``i``)."""
+    parent (verifier column ``i``). ``q`` (B, D, V): the distributions the chain was drawn from; the leaves
+    get zero rows (verified one-hot)."""
     from specbench.drafters.base import Proposal
 
     columns = torch.arange(chain.shape[1], device=chain.device).unsqueeze(0)
@@ -94,8 +97,10 @@ def chain_with_leaves(chain, lengths, leaves, pad_id: int, forwards: int):
         parents.append(torch.where(real, torch.full_like(ids, depth), torch.full_like(ids, NO_PARENT)))
         tokens.append(torch.where(real, ids, torch.full_like(ids, pad_id)))
     parents = torch.cat(parents, dim=1)
+    if q is not None:
+        q = torch.cat([q, q.new_zeros(q.shape[0], parents.shape[1] - q.shape[1], q.shape[2])], dim=1)
     return Proposal(
-        tokens=torch.cat(tokens, dim=1), lengths=(parents >= 0).sum(dim=1), forwards=forwards, parents=parents
+        tokens=torch.cat(tokens, dim=1), lengths=(parents >= 0).sum(dim=1), q=q, forwards=forwards, parents=parents
     )
 
 
@@ -122,9 +127,13 @@ def verify_tree(
     parents: torch.Tensor,
     greedy: bool,
     generator: torch.Generator | None = None,
+    q: torch.Tensor | None = None,
 ) -> TreeVerdict:
     """Walk each row's tree from the root. ``p`` (B, G+1, V): the verifier's (warped) distribution at each
-    verifier column (column ``c`` predicts the token after node ``c``); ``tokens``/``parents`` (B, G)."""
+    verifier column (column ``c`` predicts the token after node ``c``); ``tokens``/``parents`` (B, G).
+    ``q`` (B, G, V), optional: a node whose row is a distribution (not all zeros) was sampled from it; when
+    it is the first child tried at its parent it gets the standard test ``min(1, p/q)`` and the residual
+    ``norm(max(p − q, 0))``, against which the later children are tried one-hot."""
     batch = p.shape[0]
     children = _children(parents)
     token_rows = tokens.tolist()
@@ -140,7 +149,10 @@ def verify_tree(
                     token = target
                     break
             else:
-                chosen, remaining = _try_children(p[row, node], kids, token_rows[row], generator)
+                sampled = None
+                if q is not None and kids and bool(q[row, kids[0] - 1].sum() > 0):
+                    sampled = q[row, kids[0] - 1]
+                chosen, remaining = _try_children(p[row, node], kids, token_rows[row], generator, sampled)
                 if chosen is None:
                     token = int(sample(remaining.unsqueeze(0), generator)[0])
                     break
@@ -168,10 +180,20 @@ def _children(parents: torch.Tensor) -> list[dict[int, list[int]]]:
     return out
 
 
-def _try_children(dist: torch.Tensor, kids: list[int], tokens: list[int], generator):
-    """Sequential one-hot verification of the children at one node: (accepted column or None, what is left
-    of the distribution to draw the correction from)."""
+def _try_children(dist: torch.Tensor, kids: list[int], tokens: list[int], generator, sampled=None):
+    """Sequential verification of the children at one node: (accepted column or None, what is left of the
+    distribution to draw the correction from). ``sampled``: the q the first child was drawn from."""
     remaining = dist.double().clone()
+    if sampled is not None:
+        first, token = kids[0], tokens[kids[0] - 1]
+        q = sampled.double()
+        chance = min(1.0, float(remaining[token]) / max(float(q[token]), 1e-300))
+        u = float(torch.rand((), generator=generator, device=dist.device, dtype=torch.float64))
+        if u < chance:
+            return first, remaining
+        residual = (remaining - q).clamp(min=0.0)
+        remaining = residual if float(residual.sum()) > 0 else remaining
+        kids = kids[1:]
     for column in kids:
         token = tokens[column - 1]
         total = float(remaining.sum())

@@ -87,8 +87,9 @@ class Proposal:
     (0: no match), which the cost-aware schedule uses to estimate acceptance; None otherwise;
     parents: (B, G) for a tree of drafts (:mod:`specbench.decoding.tree`), the verifier column of each
     draft's parent (0: the last committed token; draft ``j`` is column ``j + 1``; -1: padding), with
-    ``lengths[b]`` the row's number of real nodes; None for a chain. Tree drafts are verified one-hot
-    (``q`` is not read) and only by the exact ``sd`` rule.
+    ``lengths[b]`` the row's number of real nodes; None for a chain. Tree drafts are verified only by the
+    exact ``sd`` rule, one-hot, except a first child whose ``q`` row is the distribution it was drawn from
+    (other nodes' rows are zeros).
     """
 
     tokens: torch.Tensor

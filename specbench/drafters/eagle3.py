@@ -509,7 +509,8 @@ class Eagle3Drafter(Drafter):
             )
             forwards += 1
         if self.proposes_trees:
-            return chain_with_leaves(torch.stack(tokens, dim=1), lengths, leaves, state.pad_id, forwards + 1)
+            return chain_with_leaves(torch.stack(tokens, dim=1), lengths, leaves, state.pad_id, forwards + 1,
+                                     torch.stack(qs, dim=1))  # fmt: skip
         return Proposal(
             tokens=torch.stack(tokens, dim=1),
             lengths=lengths,

@@ -81,7 +81,11 @@ class FallbackDrafter(Drafter):
             chain = torch.where(columns < looked.lengths.unsqueeze(1), columns, torch.full_like(columns, NO_PARENT))
             model_parents = F.pad(drafted.parents, (0, width - drafted.parents.shape[1]), value=NO_PARENT)
             parents = torch.where(use_lookup.unsqueeze(1), chain, model_parents)
-            return Proposal(tokens=tokens, lengths=lengths, forwards=drafted.forwards, parents=parents)
+            q = None
+            if drafted.q is not None:  # the model rows' sampled chains keep their q; lookup rows are one-hot (zeros)
+                model_q = F.pad(drafted.q, (0, 0, 0, width - drafted.q.shape[1]))
+                q = torch.where(use_lookup.view(-1, 1, 1), torch.zeros_like(model_q), model_q)
+            return Proposal(tokens=tokens, lengths=lengths, q=q, forwards=drafted.forwards, parents=parents)
         one_hot = F.one_hot(tokens, self.vocab_size).float()
         if drafted.q is not None:
             model_q = torch.cat([drafted.q, one_hot[:, drafted.q.shape[1] :]], dim=1)

@@ -142,7 +142,8 @@ class ModelDrafter(Drafter):
             drafting = keep_going
         self._fed = fed
         if self.proposes_trees:
-            return chain_with_leaves(torch.stack(drafts, dim=1), lengths, leaves, state.pad_id, forwards)
+            return chain_with_leaves(torch.stack(drafts, dim=1), lengths, leaves, state.pad_id, forwards,
+                                     torch.stack(probs, dim=1))  # fmt: skip
         hidden = torch.stack(hiddens, dim=1) if want_hidden else None
         return Proposal(torch.stack(drafts, dim=1), lengths, torch.stack(probs, dim=1), hidden, forwards)
 
