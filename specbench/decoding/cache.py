@@ -124,6 +124,8 @@ class CachedModel:
         ``order`` (B, W): a tree round puts its accepted path first, so that ``keep`` then keeps a chain.
         Only those W slots per layer are copied."""
         width = order.shape[1]
+        if bool((order == torch.arange(width, device=order.device)).all()):
+            return  # the path is already in front (it is the chain): nothing moves
         for layer in self._layers():
             here = order.to(layer.keys.device)
             for name in ("keys", "values"):
