@@ -107,6 +107,12 @@ def check_draft_vocab_size(size: Any, key: str, vocab_size: int | None = None) -
         )
 
 
+def check_tree_width(width: Any, key: str = "tree_width") -> None:
+    """How many tokens a tree-drafting drafter proposes per depth (1: a chain of drafts)."""
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"{key}={width!r}: an integer >= 1 (1: a chain of drafts)")
+
+
 def check_pool(pool: Any) -> None:
     if pool not in POOLS:
         raise ValueError(f"method.pool: unknown pool {pool!r}; allowed: {list(POOLS)}")

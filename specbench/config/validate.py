@@ -478,8 +478,7 @@ EXACT_RULE_METHODS = ("sd", "sd2", "distill", "eagle3")
 
 
 def _check_tree_width(width: Any, method: str, method_cfg: dict[str, Any], key: str) -> None:
-    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
-        raise ConfigError(f"{key}={width!r}: an integer >= 1 (1: a chain of drafts)")
+    _checked(key, values.check_tree_width, width, key)
     if width > 1 and (method not in (*EXACT_RULE_METHODS, "auto") or method_cfg.get("target")):
         raise ConfigError(
             f"{key}={width}: trees of drafts are verified by the exact sd rule only, not method={method}; use "

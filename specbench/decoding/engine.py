@@ -174,16 +174,20 @@ class SpeculativeEngine:
                 f"{self.drafter.name!r} proposes tokens without one; use a rule that verifies deterministic "
                 "proposals (sd, lossy, typical, block) or a model drafter"
             )
-        if self.drafter.proposes_trees and type(self.rule) is not VerificationRule:
-            raise ValueError(
-                f"drafter {self.drafter.name!r} proposes trees of drafts, which only the exact 'sd' rule "
-                f"verifies; use method=sd, or the drafter's chain mode (tree_width=1) with the "
-                f"{self.rule.name!r} rule"
-            )
+        if self.drafter.proposes_trees:
+            self._check_tree_rule()
         if self.rule.requires_hidden_states and self.drafter.hidden_size is None:
             raise ValueError(
                 f"the {self.rule.name!r} rule reads the drafter's hidden states, which drafter "
                 f"{self.drafter.name!r} does not have"
+            )
+
+    def _check_tree_rule(self) -> None:
+        if type(self.rule) is not VerificationRule:
+            raise ValueError(
+                f"drafter {self.drafter.name!r} proposes trees of drafts, which only the exact 'sd' rule "
+                f"verifies; use method=sd, or the drafter's chain mode (tree_width=1) with the "
+                f"{self.rule.name!r} rule"
             )
 
     @property
@@ -270,8 +274,7 @@ class SpeculativeEngine:
         """Verify a tree of drafts in one forward, then hand the accepted path on as if it were a chain:
         the path's columns go first in the verifier's cache, in the view the drafter commits from and in
         the drafts ``_commit`` emits."""
-        if type(self.rule) is not VerificationRule:
-            raise ValueError(f"the {self.rule.name!r} rule cannot verify trees of drafts; use method=sd")
+        self._check_tree_rule()
         parents = proposal.parents
         check_parents(parents, proposal.tokens)
         verifier_input = torch.cat([state.last_tokens().unsqueeze(1), proposal.tokens], dim=1)

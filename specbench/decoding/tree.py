@@ -32,11 +32,6 @@ from specbench.decoding.warping import sample
 NO_PARENT = -1
 
 
-def check_tree_width(width) -> None:
-    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
-        raise ValueError(f"tree_width must be an integer >= 1 (1: a chain of drafts), got {width!r}")
-
-
 def check_parents(parents: torch.Tensor, tokens: torch.Tensor | None = None) -> None:
     """Refuse a parents tensor that is not a tree in topological order (or not one parent per draft)."""
     if tokens is not None and parents.shape != tokens.shape:

@@ -38,9 +38,10 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specbench.decoding.cache import CachedModel
-from specbench.decoding.tree import chain_with_leaves, check_tree_width, top_leaves
+from specbench.decoding.tree import chain_with_leaves, top_leaves
 from specbench.drafters.base import Drafter, Proposal, VerifierNeeds, VerifierView
 from specbench.drafters.draft_vocab import DraftVocab
+from specbench.values import check_tree_width
 
 WIDENED = ("q_proj", "k_proj", "v_proj")
 

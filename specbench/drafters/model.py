@@ -9,9 +9,10 @@ from transformers import PreTrainedModel
 
 from specbench.decoding.cache import CachedModel, ForwardOutput
 from specbench.decoding.drafting import BatchState, DraftSampler
-from specbench.decoding.tree import chain_with_leaves, check_tree_width, top_leaves
+from specbench.decoding.tree import chain_with_leaves, top_leaves
 from specbench.drafters.base import Drafter, Proposal, VerifierView
 from specbench.drafters.draft_vocab import DraftVocab
+from specbench.values import check_tree_width
 
 # Config keys of models whose logits are not just lm_head(final hidden state) (soft-capping, scaling).
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -45,7 +46,7 @@ class ModelDrafter(Drafter):
         check_tree_width(tree_width)
         self.tree_width = tree_width
         self.proposes_trees = tree_width > 1
-        self._fed: list[list[int]] = []  # per row: the drafts fed to the cache in the last propose
+        self._fed: list[list[int]] = []  # trees: per row, the chain drafts the last propose fed to the cache
         self.model = model
         self._vocab_size = int(vocab_size or model.config.vocab_size)
         self.draft_vocab = draft_vocab
@@ -117,14 +118,12 @@ class ModelDrafter(Drafter):
         drafting = caps > 0
         lengths = torch.zeros(batch, dtype=torch.long, device=state.device)
         forwards = 0
-        leaves, fed = [], [[] for _ in range(batch)]
-        for step in range(max_len):
+        leaves, before_drafts = [], None
+        for _ in range(max_len):
             out = self._forward(step_input, step_valid, output_hidden=want_hidden)
             forwards += 1
-            if step:
-                for row, is_fed in enumerate(step_valid[:, 0].tolist()):
-                    if is_fed:
-                        fed[row].append(int(step_input[row, 0]))
+            if before_drafts is None:
+                before_drafts = self.cached.num_valid.clone()  # the slots after this hold fed drafts
             logits = self._next_logits(out)
             token, q = sampler.draw(logits)
             token = torch.where(drafting, token, torch.full_like(token, state.pad_id))
@@ -140,8 +139,10 @@ class ModelDrafter(Drafter):
                 break
             step_input, step_valid = token.unsqueeze(1), keep_going.unsqueeze(1)
             drafting = keep_going
-        self._fed = fed
         if self.proposes_trees:
+            chain = torch.stack(drafts, dim=1).tolist()
+            fed = (self.cached.num_valid - before_drafts).tolist()
+            self._fed = [row[:n] for row, n in zip(chain, fed)]
             return chain_with_leaves(torch.stack(drafts, dim=1), lengths, leaves, state.pad_id, forwards,
                                      torch.stack(probs, dim=1))  # fmt: skip
         hidden = torch.stack(hiddens, dim=1) if want_hidden else None
