@@ -2,7 +2,7 @@
 
     python benchmarks/sd2_pipeline.py [--out runs/sd2-pipeline] [--data SYNTH_DIR] [--feature-cache DIR]
         [--draft-vocab-size 8192] [--steps 240] [--eval-prompts 12] [--seeds 0,1,2] [--jobs 2]
-        [--budget-min M] [--plot docs/img/sd2_study.png] [launch.py overrides ...]
+        [--eval-dtype bfloat16] [--budget-min M] [--plot docs/img/sd2_study.png] [launch.py overrides ...]
 
 Every step is a ``launch.py`` run of ``experiment=cpu-sd2`` (conf/experiment/cpu-sd2.yaml); a step whose
 output exists is skipped, so a rerun resumes, and ``--budget-min`` stops starting new steps once that
@@ -18,6 +18,8 @@ many minutes have passed (the table then shows what is done). ``--jobs`` steps r
 - **Evaluation** on held-out Spec-Bench questions (``dataset.subset=heldout``, never used for synth), greedy
   and at T = 1 for every seed, each next to autoregressive decoding of the verifier in the same process:
   τ, per-position acceptance, tokens/s and speedup. The pretrained drafter drafts over the same vocabulary.
+  ``--eval-dtype bfloat16`` decodes in bf16 with the row-invariant CPU forwards (training stays float32);
+  those evaluations are kept apart (``eval/*-bf16``) from the float32 ones.
 - **Curves**: the training runs' ``val/tvd`` and ``val/tau`` are MLflow metrics; the plot reads them back.
 
 Prints the issue's targets: τ(SD²) ≥ 1.15 × τ(distilled) > τ(pretrained), and SD² faster than
@@ -127,6 +129,8 @@ def main() -> None:
     parser.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--speed-gammas", default="", help="also decode greedy at these γ (comma list) with the "
                         "distilled and SD² drafters: the speed rows (τ is compared at the preset's γ)")
+    parser.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="dtype of the evaluations (bfloat16: the row-invariant CPU forwards)")
     parser.add_argument("--jobs", type=int, default=1, help="steps run at once (one torch thread each)")
     parser.add_argument("--budget-min", type=float, help="start no new step after this many minutes")
     parser.add_argument("--plot", type=Path, help="also write the figure here (it is always OUT/sd2_study.png)")
@@ -167,21 +171,23 @@ def main() -> None:
         runner.run(train_steps[:1])
     runner.run(train_steps)
 
+    tag = "" if args.eval_dtype == "float32" else "-bf16"
     settings = ([(0.0, 0)] if args.greedy else []) + [(1.0, int(s)) for s in args.seeds.split(",") if s]
     drafters = [d for d in DRAFTERS if d == "pretrained" or TRAINED_BY[d] in trainings]
 
     def evaluation(drafter: str, run: Path, overrides: list[str]) -> Step:
         return Step(f"eval_{run.name}", [
             *[o.format(out=out) for o in DRAFTERS[drafter]], *overrides, f"dataset.limit={args.eval_prompts}",
-            f"eval.output_dir={run}", f"hydra.run.dir={out / 'hydra' / run.name}", *vocab, *common,
+            f"eval.output_dir={run}", f"hydra.run.dir={out / 'hydra' / run.name}", f"runtime.dtype={args.eval_dtype}",
+            *vocab, *common,
         ], run / "metrics.json", after=[] if drafter == "pretrained" else [f"train_{TRAINED_BY[drafter]}"])  # fmt: skip
 
     speed_gammas = [int(g) for g in args.speed_gammas.split(",") if g]
     speed_drafters = [d for d in drafters if d in ("distilled", "sd2")]
     runner.run([
-        *(evaluation(d, out / "eval" / f"{d}-T{t:g}-s{s}", [f"gen.temperature={t}", f"gen.seed={s}"])
+        *(evaluation(d, out / "eval" / f"{d}-T{t:g}-s{s}{tag}", [f"gen.temperature={t}", f"gen.seed={s}"])
           for t, s in settings for d in drafters),
-        *(evaluation(d, out / "eval" / f"{d}-T0-s0-g{g}", ["gen.temperature=0.0", f"schedule.gamma={g}"])
+        *(evaluation(d, out / "eval" / f"{d}-T0-s0-g{g}{tag}", ["gen.temperature=0.0", f"schedule.gamma={g}"])
           for g in speed_gammas for d in speed_drafters),
     ])  # fmt: skip
 
@@ -189,10 +195,10 @@ def main() -> None:
         path = out / "eval" / name / "metrics.json"
         return [{**json.loads(path.read_text()), "drafter": drafter, "temperature": temperature}] if path.exists() else []
 
-    results = [r for t, s in settings for d in drafters for r in measured(d, f"{d}-T{t:g}-s{s}", t)]
-    speed = [r for g in speed_gammas for d in speed_drafters for r in measured(d, f"{d}-T0-s0-g{g}", 0.0)]
+    results = [r for t, s in settings for d in drafters for r in measured(d, f"{d}-T{t:g}-s{s}{tag}", t)]
+    speed = [r for g in speed_gammas for d in speed_drafters for r in measured(d, f"{d}-T0-s0-g{g}{tag}", 0.0)]
     curves = read_curves(out, trainings)
-    report(results, speed, curves, runner, out)
+    report(results, speed, curves, runner, out, args.eval_dtype)
     if results or curves:
         plot(results, curves, [out / "sd2_study.png", *([args.plot] if args.plot else [])])
 
@@ -226,10 +232,10 @@ def spread(values: list[float]) -> str:
     return f"{mean:.3f}" if len(values) == 1 else f"{mean:.3f}±{statistics.stdev(values):.3f}"
 
 
-def report(results: list[dict], speed: list[dict], curves: dict, runner: Runner, out: Path) -> None:
+def report(results: list[dict], speed: list[dict], curves: dict, runner: Runner, out: Path, dtype: str) -> None:
     header = (f"{'drafter':<11} {'T':>3} {'seeds':>5} {'tau':>13} {'accept':>13} {'a@1':>6} {'a@2':>6} "
               f"{'a@3':>6} {'a@4':>6} {'tok/s':>7} {'AR tok/s':>8} {'speedup':>13} {'=AR':>5}")
-    lines = [header, "-" * len(header)]
+    lines = [f"evaluations in {dtype}", header, "-" * len(header)]
     for temperature in sorted({r["temperature"] for r in results}):
         for drafter in DRAFTERS:
             rows = [r for r in results if r["drafter"] == drafter and r["temperature"] == temperature]

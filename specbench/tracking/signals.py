@@ -7,6 +7,11 @@ first) makes SIGTERM raise :class:`Terminated` in the main thread, so every ``fi
 so a library that turns the interrupt into another exception (Lightning exits with ``SystemExit(1)``)
 still ends the run KILLED. A second SIGTERM during the cleanup is ignored; a second Ctrl-C is not.
 
+Inside :func:`deferred` (every MLflow store call, through ``store.retry``) the first signal is only
+recorded, and raised when the block ends: an exception raised in the middle of a SQLAlchemy transaction
+left the SQLite store logging a traceback, and could leave a write half done. A store call waits at most
+MLflow's busy timeout (20 s), within the 30 s SLURM gives between SIGTERM and SIGKILL.
+
 Under submitit the preemption signal (``$SUBMITIT_PREEMPT_SIGNAL``, default USR2) stays submitit's: it
 requeues the job, and the SIGTERM SLURM then sends to stop the old job is left to that requeue (the
 requeued job reopens the same MLflow run); the run records why it stopped.
@@ -14,13 +19,16 @@ requeued job reopens the same MLflow run); the run records why it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 _received: list[int] = []
+_pending: list[int] = []  # a signal that came inside a deferred() block, raised when the block ends
+_depth = 0  # deferred() blocks open in the main thread
 
 
 class Terminated(KeyboardInterrupt):
@@ -64,10 +72,17 @@ def preempted() -> bool:
     return received() is not None and received() == preemption_signal()
 
 
+def _raise(signum: int) -> None:
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     if _received:
         return  # already unwinding, or being requeued: let that finish (SLURM's SIGKILL follows if too long)
     _received.append(signum)
+    if _depth:
+        _pending.append(signum)
+        return
     raise Terminated(signum)
 
 
@@ -83,7 +98,28 @@ def _recording(previous: Callable[[int, FrameType | None], object]) -> Callable[
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
     if not _received:
         _received.append(signum)
-    raise KeyboardInterrupt
+        if _depth:
+            _pending.append(signum)
+            return
+    raise KeyboardInterrupt  # a second Ctrl-C is not deferred
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold back a SIGTERM / SIGINT that arrives inside the block until it ends, then raise it there
+    (in place of any exception the block raised: the signal is why the task stops). Outside the main
+    thread, where no handler runs, a no-op."""
+    global _depth
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if _depth == 0 and _pending:
+            _raise(_pending.pop())
 
 
 def install() -> None:
@@ -91,6 +127,7 @@ def install() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     _received.clear()
+    _pending.clear()
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, _on_sigint)
     preempt = preemption_signal()

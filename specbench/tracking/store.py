@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from specbench.errors import ConfigError
+from specbench.tracking import signals
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -165,12 +166,15 @@ def retry(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
     Concurrent jobs on one node share one SQLite file; MLflow already waits 20 s per statement
     (busy_timeout), this covers longer bursts. Several nodes should use a tracking server instead.
+    A SIGTERM / SIGINT during an attempt is raised when the attempt ends (:func:`signals.deferred`), never
+    inside MLflow's database code; the sleeps between attempts are not deferred.
     """
     deadline = time.monotonic() + LOCK_RETRY_S
     delay = 0.2
     while True:
         try:
-            return call(*args, **kwargs)
+            with signals.deferred():
+                return call(*args, **kwargs)
         except Exception as err:
             if not is_lock_error(err) or time.monotonic() > deadline:
                 raise

@@ -1,0 +1,116 @@
+"""A SIGTERM / SIGINT that arrives during an MLflow store call is raised when the call ends, not inside it.
+
+Raised inside SQLAlchemy, the signal cut a transaction short (the write was lost) and sometimes made the
+SQLite store log a traceback (seen as a flaky ``test_run_closing`` failure); ``store.retry`` now runs each
+attempt in ``signals.deferred()``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from specbench.tracking import signals, store
+
+
+@pytest.fixture
+def handlers():
+    """specbench's SIGTERM / SIGINT handlers for one test, the previous ones restored after."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signals.install()
+    yield
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+    signals._received.clear()
+    signals._pending.clear()
+
+
+def kill_self(signum: int = signal.SIGTERM) -> None:
+    os.kill(os.getpid(), signum)  # the handler runs at the next bytecode of the main thread
+
+
+def test_a_signal_outside_a_deferred_block_is_raised_at_once(handlers):
+    done = []
+    with pytest.raises(signals.Terminated):
+        kill_self()
+        done.append("after")
+    assert done == []
+
+
+def test_a_signal_inside_is_raised_when_the_outermost_block_ends(handlers):
+    done = []
+    with pytest.raises(signals.Terminated) as caught:
+        with signals.deferred():
+            with signals.deferred():
+                kill_self()
+                done.append("inner")
+            done.append("outer")  # the inner block's end does not raise: an outer block is still open
+        done.append("after")
+    assert done == ["inner", "outer"]
+    assert caught.value.signum == signal.SIGTERM
+    assert signals.received() == signal.SIGTERM
+
+
+def test_sigint_inside_is_a_keyboard_interrupt_at_the_end_and_a_second_one_is_not_held(handlers):
+    done = []
+    with pytest.raises(KeyboardInterrupt) as caught, signals.deferred():
+        kill_self(signal.SIGINT)
+        done.append("first held")
+        kill_self(signal.SIGINT)
+        done.append("second held")
+    assert done == ["first held"]
+    assert not isinstance(caught.value, signals.Terminated)
+    assert signals.received() == signal.SIGINT
+
+
+def test_the_signal_replaces_an_exception_the_block_raised(handlers):
+    with pytest.raises(signals.Terminated) as caught, signals.deferred():
+        kill_self()
+        raise ValueError("the store failed")
+    assert isinstance(caught.value.__context__, ValueError)
+
+
+def test_a_second_sigterm_is_ignored_and_nothing_is_left_pending(handlers):
+    with pytest.raises(signals.Terminated), signals.deferred():
+        kill_self()
+        kill_self()
+    with signals.deferred():
+        pass  # nothing raised: the one pending signal was raised already
+
+
+def test_a_lock_error_is_not_retried_once_a_signal_came(handlers, monkeypatch):
+    calls = []
+
+    def locked():
+        calls.append(1)
+        kill_self()
+        raise RuntimeError("database is locked")
+
+    monkeypatch.setattr(store, "is_lock_error", lambda err: True)
+    with pytest.raises(signals.Terminated):
+        store.retry(locked)
+    assert calls == [1]
+
+
+def test_a_sigterm_during_an_sqlite_commit_lets_the_write_finish_then_stops(handlers, tmp_path, monkeypatch):
+    import sqlalchemy.orm
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = store.client(uri)
+    run_id = store.retry(
+        client.create_run, store.get_or_create_experiment(client, "signals", uri)
+    ).info.run_id
+    commit = sqlalchemy.orm.Session.commit
+
+    def commit_hit_by_sigterm(session):
+        if signals.received() is None:
+            kill_self()  # lands inside SQLAlchemy, before the transaction commits
+        return commit(session)
+
+    monkeypatch.setattr(sqlalchemy.orm.Session, "commit", commit_hit_by_sigterm)
+    with pytest.raises(signals.Terminated):
+        store.retry(client.set_tag, run_id, "written", "yes")
+    monkeypatch.setattr(sqlalchemy.orm.Session, "commit", commit)
+    assert client.get_run(run_id).data.tags.get("written") == "yes"
