@@ -32,6 +32,7 @@ from harness import (
 )
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
+from specbench.decoding.cost_aware import CostAwareSchedule
 from specbench.drafters.eagle3_format import load_eagle3_drafter
 from specbench.drafters.fallback import suffix_then_eagle3
 from specbench.evaluation import measure_profile
@@ -60,6 +61,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--fallback", default="",
         help="comma list of min_lookup_tokens values: a row per value for the suffix drafter with the (first) head "
         "as fallback (specbench.drafters.fallback, γ cap 10, head γ 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fallback-schedules", default="constant",
+        help="comma list of schedules for the --fallback chain rows: constant (γ cap 10) | cost_aware (chains "
+        "trimmed by match length and the verification costs v(n) measured first, max_gamma 10)",
     )  # fmt: skip
     parser.add_argument(
         "--fallback-widths", default="1",
@@ -128,15 +134,25 @@ def main(argv=None) -> int:
             SpeculativeEngine(model, load_eagle3_drafter(heads[0], verifier, vocab, tree_width=width),
                               schedule=DraftSchedule("constant", gamma), **common),
         ))  # fmt: skip
+    schedules = [name for name in (n.strip() for n in args.fallback_schedules.split(",")) if name]
+    if unknown := sorted(set(schedules) - {"constant", "cost_aware"}):
+        raise SystemExit(f"--fallback-schedules: unknown {unknown}; choose from constant, cost_aware")
+    fallback_profile = None
+    if args.fallback and "cost_aware" in schedules:  # v(n) up to the longest chain; a trim weighs only v
+        fallback_profile = measure_profile(verifier, None, vocab, FALLBACK_CAP + 1, context_len=256, repeats=7)
+        print(f"verification costs for the cost_aware rows:\n{fallback_profile.table()}", file=sys.stderr)
     for least in [int(m) for m in args.fallback.split(",") if m.strip()]:
         for width in [int(w) for w in args.fallback_widths.split(",") if w.strip()]:
-            runners.append(engine_runner(
-                f"suffix+eagle3-m{least}" + (f"-w{width}" if width > 1 else ""),
-                SpeculativeEngine(model, suffix_then_eagle3(heads[0], verifier, vocab, min_lookup_tokens=least,
-                                                            suffix={"num_speculative_tokens": FALLBACK_CAP},
-                                                            tree_width=width),
-                                  schedule=DraftSchedule("constant", FALLBACK_CAP), **common),
-            ))  # fmt: skip
+            for name in schedules if width == 1 else ["constant"]:  # trees are not trimmed
+                schedule = (CostAwareSchedule(fallback_profile, FALLBACK_CAP) if name == "cost_aware"
+                            else DraftSchedule("constant", FALLBACK_CAP))
+                runners.append(engine_runner(
+                    f"suffix+eagle3-m{least}" + (f"-w{width}" if width > 1 else "") + ("-ca" if name == "cost_aware" else ""),
+                    SpeculativeEngine(model, suffix_then_eagle3(heads[0], verifier, vocab, min_lookup_tokens=least,
+                                                                suffix={"num_speculative_tokens": FALLBACK_CAP},
+                                                                tree_width=width),
+                                      schedule=schedule, **common),
+                ))  # fmt: skip
     questions = heldout_questions(args.per_task)
     answers = run_all(runners, tokenizer, questions)
     figures = table(answers, "autoregressive")
@@ -145,6 +161,7 @@ def main(argv=None) -> int:
         "head": heads[0], "heads": heads, "questions": len(questions), "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature, "threads": args.threads, "device": str(model.device),
         "dtype": str(model.dtype), "profile": profile.to_dict(),
+        "fallback_profile": fallback_profile.to_dict() if fallback_profile else None,
         "profiles": {path: p.to_dict() for path, p in profiles.items()},
         "figures": figures,
     }  # fmt: skip

@@ -193,6 +193,20 @@ def test_measured_costs_are_made_monotone_by_least_squares():
     assert len(times) == 4 and times == sorted(times)
 
 
+def test_verification_costs_are_timed_in_turn_so_a_load_change_hits_every_n(monkeypatch):
+    from specbench.decoding.cache import CachedModel
+
+    widths, forward = [], CachedModel.forward
+
+    def recording(self, ids, *args, **kwargs):
+        widths.append(ids.shape[1])
+        return forward(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(CachedModel, "forward", recording)
+    measure_verify_ms(verifier(), 259, max_n=3, context_len=8, repeats=2)
+    assert widths == [8] + [1, 2, 3] * 3  # the context, a warm-up of every n, then each repeat over all n
+
+
 def test_profile_file_round_trip_and_errors(tmp_path):
     path = flat_profile().save(tmp_path / "profile.json")
     assert CostProfile.load(path) == flat_profile()
@@ -228,6 +242,26 @@ def test_cost_aware_trims_lookup_proposals_per_match_length():
     trimmed = s.trim(proposal)
     assert trimmed.lengths.tolist() == [0, 8]
     assert trimmed.tokens.shape == (2, 8) and s.acceptance(good)[7] > 0.9 and s.acceptance(bad)[0] < 0.01
+
+
+def test_a_position_never_verified_inherits_the_estimate_of_the_one_before():
+    s = CostAwareSchedule(flat_profile(c=0.0, slope=0.3), max_gamma=8)
+    assert s.acceptance(2).tolist() == [0.5] * 8  # nothing observed: the prior everywhere
+    for _ in range(20):  # chains trimmed to 2 drafts, both always accepted
+        s.observe(Proposal(torch.zeros(1, 2, dtype=torch.long), torch.tensor([2]), match_lengths=torch.tensor([2])),
+                  torch.tensor([2]))
+    alpha = s.acceptance(match_bucket(2))
+    assert alpha[0] == pytest.approx(21 / 22) and alpha[1] == pytest.approx((20 + 2 * 21 / 22) / 22)
+    assert alpha[2] == pytest.approx(alpha[1])  # position 3, never tried, is not held at 1/2
+    assert s.best_length(match_bucket(2), 8, drafted=True) > 2  # so the schedule tries longer chains
+
+
+def test_a_trim_weighs_only_the_verification_of_drafts_already_made():
+    s = CostAwareSchedule(flat_profile(c=1.0, slope=0.0), max_gamma=8)  # a draft costs a verifier step
+    assert s.best_length(0, 8) == 0  # before drafting: E(1) = 1.5 tokens for 2 steps does not pay
+    assert s.best_length(0, 8, drafted=True) == 8  # made already: verifying them is free here
+    proposal = Proposal(torch.arange(8).view(1, 8), torch.tensor([8]), match_lengths=torch.tensor([3]))
+    assert s.trim(proposal).lengths.tolist() == [8]
 
 
 @pytest.mark.parametrize("batch", [1, 4])

@@ -2,13 +2,18 @@
 
 import numpy as np
 import pytest
+import torch
 from distribution import chi2_pvalue, exact_first_tokens
-from test_lookup_drafters import e2e_prompts, hf_generate, lookup_engine, tiny_verifier
+from test_lookup_drafters import SAMPLER, e2e_prompts, hf_generate, lookup_engine, tiny_verifier
 
+from specbench.decoding.cost import CostProfile
+from specbench.decoding.cost_aware import CostAwareSchedule
+from specbench.decoding.drafting import BatchState
+from specbench.decoding.engine import SpeculativeEngine
 from specbench.drafters.fallback import FallbackDrafter
 from specbench.drafters.model import ModelDrafter
 from specbench.drafters.suffix import SuffixDrafter
-from specbench.models.tiny import tiny_random_model
+from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 
 
 def _fallback(min_lookup_tokens=2, model_gamma=2) -> FallbackDrafter:
@@ -68,6 +73,40 @@ def test_sampling_is_the_verifiers_distribution(batch):
     p1, joint = exact_first_tokens(model, prompt)
     assert chi2_pvalue(np.bincount(outs[:, 0], minlength=vocab), p1) > 1e-3
     assert chi2_pvalue(np.bincount(outs[:, 0] * vocab + outs[:, 1], minlength=vocab**2), joint.reshape(-1)) > 1e-3
+
+
+def test_a_proposal_gives_lookup_rows_their_match_length_and_model_rows_none():
+    quoted, plain = list(e2e_prompts("local")[2]), list(e2e_prompts("local")[1])
+    drafter = _fallback(min_lookup_tokens=3, model_gamma=1)
+    assert drafter.trimmed_by_schedule  # schedule=cost_aware trims it (a chain drafter)
+    # The quoted prompt repeats its own text: after decoding part of it, the suffix drafter finds a match.
+    engine = lookup_engine("local", drafter, max_new_tokens=12)
+    history = [quoted + engine.generate([quoted])[0].output_ids, plain]
+    state = BatchState.create(history, 10, 30, [EOS_ID], PAD_ID, "cpu")
+    drafter.reset(2)
+    drafter.prefill(state, None)
+    proposal = drafter.propose(state, torch.tensor([10, 10]), SAMPLER)
+    lookup_row, model_row = proposal.match_lengths.tolist()
+    assert proposal.lengths[0] >= 3 and lookup_row >= 1
+    assert proposal.lengths[1] == 1 and model_row == 0
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cost_aware_trims_the_fallback_losslessly_with_model_rows_in_bucket_zero(batch):
+    prompts = [list(p) for p in e2e_prompts("local")][:batch] if batch > 1 else [list(e2e_prompts("local")[1])]
+    expected = [hf_generate(tiny_verifier("local"), p, 30)[0] for p in prompts]
+    # Verifying n tokens costs 1 + 0.3 (n - 1) steps: long chains of a short match do not pay.
+    schedule = CostAwareSchedule(CostProfile([10.0 * (1 + 0.3 * i) for i in range(11)], draft_ms=1.0), 10)
+    drafter = _fallback(min_lookup_tokens=2, model_gamma=1)
+    engine = SpeculativeEngine(tiny_verifier("local"), drafter, None, schedule,
+                               lookup_engine("local", drafter).settings, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID)
+    results = engine.generate(prompts)
+    assert [r.output_ids for r in results] == expected
+    assert drafter.lookup_rows > 0 and drafter.model_rows > 0
+    assert schedule.trials[0].sum() > 0 and schedule.trials[1:].sum() > 0  # model rows, lookup rows
+    assert schedule.trials[0, 1:].sum() == 0  # the model drafts one token: bucket 0 tries position 1 only
+    if batch > 1:  # the row that quotes itself: its chains grow once their first drafts keep being accepted
+        assert max(r.drafted for r in results[2].rounds) >= 4
 
 
 def test_bad_arguments_are_refused():

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,19 +129,6 @@ def monotone(values: Sequence[float]) -> list[float]:
     return [total / count for total, count in blocks for _ in range(int(count))]
 
 
-def median_ms(run: Callable[[], Any], repeats: int, warmup: int = 1, sync: Callable[[], None] = lambda: None) -> float:
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        run()
-        sync()
-        times.append((time.perf_counter() - start) * 1000.0)
-    return statistics.median(times)
-
-
 @torch.no_grad()
 def measure_verify_ms(
     verifier: torch.nn.Module,
@@ -153,7 +140,11 @@ def measure_verify_ms(
     seed: int = 0,
 ) -> list[float]:
     """Median time of a verifier forward over n = 1..max_n new tokens after ``context_len`` cached ones,
-    made non-decreasing in n (:func:`monotone`)."""
+    made non-decreasing in n (:func:`monotone`).
+
+    Each repeat times every n once, in turn, so a change of load on a shared machine falls on all n alike:
+    timed one n after the other, a busy spell during n = 1 alone made v(2) read 1.27 where decoding on the
+    same machine paid about 1.0."""
     from specbench.decoding.cache import CachedModel
     from specbench.models.devices import synchronize
 
@@ -164,13 +155,20 @@ def measure_verify_ms(
     cached.reset(batch_size)
     cached.forward(context)
     keep = cached.num_valid.clone()
-    times = []
-    for n in range(1, max_n + 1):
-        block = torch.randint(0, vocab_size, (batch_size, n), generator=generator).to(device)
+    blocks = [torch.randint(0, vocab_size, (batch_size, n), generator=generator).to(device) for n in range(1, max_n + 1)]
 
-        def step(block=block):
-            cached.forward(block)
-            cached.keep(keep)
+    def step(block: torch.Tensor) -> None:
+        cached.forward(block)
+        cached.keep(keep)
 
-        times.append(median_ms(step, repeats, sync=lambda: synchronize(device)))
-    return monotone(times)
+    times: list[list[float]] = [[] for _ in blocks]
+    for block in blocks:  # warm-up
+        step(block)
+    for _ in range(repeats):
+        for n, block in enumerate(blocks):
+            synchronize(device)
+            start = time.perf_counter()
+            step(block)
+            synchronize(device)
+            times[n].append((time.perf_counter() - start) * 1000.0)
+    return monotone([statistics.median(t) for t in times])

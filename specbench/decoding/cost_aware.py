@@ -5,10 +5,16 @@ For a row, drafting ``k`` tokens is expected to emit ``E(k) = 1 + Σ_{i≤k} Π_
 ``k`` (0 included: drafting that cannot pay is not done) with the most expected tokens per unit of time.
 
 ``α_j`` is the probability that draft ``j`` is accepted given that drafts ``1..j−1`` were, estimated online
-from the run's own rounds (a Beta(1, 1) prior per cell): per position for model drafters, per position and
-per match-length bucket for lookup drafters (whose proposals say how long a context match they continue).
-Model drafters get their length as a cap before drafting; lookup drafters propose what they find and the
-schedule trims. The schedule only chooses lengths: lossless rules stay lossless.
+from the run's own rounds: per position for model drafters, per position and per match-length bucket for
+lookup drafters (whose proposals say how long a context match they continue). Each cell has a prior worth
+two trials, centred on 1/2 for position 1 and on the estimate of position ``j − 1`` for position ``j``. A
+flat 1/2 everywhere kept positions the schedule had never verified at 1/2, so once it had trimmed a
+bucket's chains to ``k`` it never tried ``k + 1``, however often the first ``k`` were all accepted.
+Model drafters get their length as a cap before drafting; lookup drafters (``Drafter.trimmed_by_schedule``)
+propose what they find and the schedule trims. A trim weighs ``v(k + 1)`` only: the drafts it cuts were
+already made, so their cost is spent whatever it keeps. The fallback drafter (a lookup with a model
+drafter behind it) is trimmed too: its lookup rows by match length, its model rows in bucket 0. The
+schedule only chooses lengths: lossless rules stay lossless.
 
 The cost of a batched verification is that of its longest row; each row's choice uses the profile's
 ``v(n)`` measured at the run's batch size, which treats rows as independent (an approximation at batch > 1).
@@ -23,7 +29,7 @@ from specbench.drafters.base import Proposal
 
 # Match-length buckets: 0 (no match / model drafter), 1, 2, 3, 4-5, 6-8, 9-15, 16+.
 MATCH_BUCKET_EDGES = (1, 2, 3, 4, 6, 9, 16)
-PRIOR_ACCEPT, PRIOR_TRIALS = 1.0, 2.0
+PRIOR_MEAN, PRIOR_TRIALS = 0.5, 2.0  # the prior of position 1; position j's is centred on j - 1's estimate
 
 
 def match_bucket(length: int) -> int:
@@ -44,6 +50,7 @@ class CostAwareSchedule:
         self.accepts = torch.zeros(buckets, self.max_gamma, dtype=torch.float64)
         self.trials = torch.zeros(buckets, self.max_gamma, dtype=torch.float64)
         self._costs = torch.tensor([profile.round_cost(k) for k in range(self.max_gamma + 1)], dtype=torch.float64)
+        self._verify_costs = torch.tensor([profile.v(k + 1) for k in range(self.max_gamma + 1)], dtype=torch.float64)
         self._caps_before_drafting = True
 
     # -- the DraftSchedule interface the engine calls ------------------------------------------------------
@@ -63,15 +70,15 @@ class CostAwareSchedule:
         return torch.full_like(gammas, best if self._caps_before_drafting else self.max_gamma)
 
     def bind(self, drafter) -> None:
-        """Lookup drafters (deterministic) propose freely and are trimmed; model drafters are capped."""
-        self._caps_before_drafting = not getattr(drafter, "deterministic", False)
+        """Lookup drafters (``trimmed_by_schedule``) propose freely and are trimmed; model drafters are capped."""
+        self._caps_before_drafting = not getattr(drafter, "trimmed_by_schedule", False)
 
     def trim(self, proposal: Proposal) -> Proposal:
         if proposal.match_lengths is None or proposal.tokens.shape[1] == 0:
             return proposal
         lengths = proposal.lengths.tolist()
         matches = proposal.match_lengths.tolist()
-        chosen = [self.best_length(match_bucket(m), n) for m, n in zip(matches, lengths)]
+        chosen = [self.best_length(match_bucket(m), n, drafted=True) for m, n in zip(matches, lengths)]
         return proposal.truncated(torch.tensor(chosen, dtype=torch.long, device=proposal.lengths.device))
 
     def observe(self, proposal: Proposal, accepted: torch.Tensor) -> None:
@@ -87,17 +94,22 @@ class CostAwareSchedule:
 
     def acceptance(self, bucket: int) -> torch.Tensor:
         """(max_gamma,) estimated α_j for j = 1..max_gamma."""
-        return (self.accepts[bucket] + PRIOR_ACCEPT) / (self.trials[bucket] + PRIOR_TRIALS)
+        alpha = torch.empty(self.max_gamma, dtype=torch.float64)
+        previous = PRIOR_MEAN
+        for j, (accepts, trials) in enumerate(zip(self.accepts[bucket].tolist(), self.trials[bucket].tolist())):
+            previous = alpha[j] = (accepts + PRIOR_TRIALS * previous) / (trials + PRIOR_TRIALS)
+        return alpha
 
-    def expected_rate(self, bucket: int, limit: int) -> torch.Tensor:
-        """(limit + 1,) expected tokens per unit time for k = 0..limit drafts."""
+    def expected_rate(self, bucket: int, limit: int, drafted: bool = False) -> torch.Tensor:
+        """(limit + 1,) expected tokens per unit time for k = 0..limit drafts (``drafted``: the drafts exist
+        already, so only their verification costs)."""
         alive = torch.cumprod(self.acceptance(bucket)[:limit], dim=0)
         emitted = torch.cat([torch.ones(1, dtype=torch.float64), 1.0 + torch.cumsum(alive, dim=0)])
-        return emitted / self._costs[: limit + 1]
+        return emitted / (self._verify_costs if drafted else self._costs)[: limit + 1]
 
-    def best_length(self, bucket: int, limit: int) -> int:
+    def best_length(self, bucket: int, limit: int, drafted: bool = False) -> int:
         limit = max(0, min(int(limit), self.max_gamma))
-        return int(self.expected_rate(bucket, limit).argmax())
+        return int(self.expected_rate(bucket, limit, drafted).argmax())
 
     def describe(self) -> dict:
         return {"schedule": self.name, "max_gamma": self.max_gamma, "profile_c": self.profile.c}

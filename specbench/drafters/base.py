@@ -130,6 +130,9 @@ class Drafter(ABC):
     config refuses rules whose math needs a real q for such a drafter.
     ``hidden_size``: width of ``Proposal.hidden`` when the drafter can produce it (None: it cannot).
     ``proposes_trees``: its proposals may be trees of drafts (``Proposal.parents``).
+    ``trimmed_by_schedule``: ``schedule=cost_aware`` lets it propose up to ``max_gamma`` tokens and trims the
+    proposal by its rows' ``match_lengths``, instead of capping γ before it drafts (default: the
+    deterministic, lookup drafters).
     """
 
     needs: VerifierNeeds = VerifierNeeds()
@@ -137,6 +140,10 @@ class Drafter(ABC):
     proposes_trees: bool = False  # Proposal.parents set: verified by the exact sd rule only
     hidden_size: int | None = None
     name: str = "drafter"
+
+    @property
+    def trimmed_by_schedule(self) -> bool:
+        return self.deterministic
 
     def reset(self, batch_size: int) -> None:
         """Forget every row; a new batch of ``batch_size`` rows starts."""

@@ -52,6 +52,11 @@ class FallbackDrafter(Drafter):
         self.proposes_trees = model.proposes_trees
         self.lookup_rows = self.model_rows = 0  # row-rounds each drafter drafted in (since construction)
 
+    @property
+    def trimmed_by_schedule(self) -> bool:
+        """schedule=cost_aware trims its chains by match length (model rows: bucket 0); trees it cannot trim."""
+        return self.lookup.trimmed_by_schedule and not self.proposes_trees
+
     def reset(self, batch_size: int) -> None:
         self.lookup.reset(batch_size)
         self.model.reset(batch_size)
@@ -92,7 +97,10 @@ class FallbackDrafter(Drafter):
             q = torch.where(use_lookup.view(-1, 1, 1), one_hot, model_q)
         else:
             q = one_hot
-        return Proposal(tokens=tokens, lengths=lengths, q=q, forwards=drafted.forwards)
+        matches = None
+        if looked.match_lengths is not None:  # a lookup row's match (>= 1); a model row's 0 (no match)
+            matches = torch.where(use_lookup, looked.match_lengths.clamp(min=1), torch.zeros_like(lengths))
+        return Proposal(tokens=tokens, lengths=lengths, q=q, forwards=drafted.forwards, match_lengths=matches)
 
     def commit(self, state, view, accepted: torch.Tensor) -> None:
         self.lookup.commit(state, view, accepted)
