@@ -114,3 +114,26 @@ def test_a_sigterm_during_an_sqlite_commit_lets_the_write_finish_then_stops(hand
         store.retry(client.set_tag, run_id, "written", "yes")
     monkeypatch.setattr(sqlalchemy.orm.Session, "commit", commit)
     assert client.get_run(run_id).data.tags.get("written") == "yes"
+
+
+def test_a_sigterm_during_a_lightning_metric_write_lets_it_finish_then_stops(handlers, tmp_path, monkeypatch):
+    import sqlalchemy.orm
+
+    from specbench.training.mlflow_logger import DeferringMLFlowLogger
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = store.client(uri)
+    run_id = store.retry(client.create_run, store.get_or_create_experiment(client, "signals", uri)).info.run_id
+    logger = DeferringMLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
+    commit = sqlalchemy.orm.Session.commit
+
+    def commit_hit_by_sigterm(session):
+        if signals.received() is None:
+            kill_self()
+        return commit(session)
+
+    monkeypatch.setattr(sqlalchemy.orm.Session, "commit", commit_hit_by_sigterm)
+    with pytest.raises(signals.Terminated):
+        logger.log_metrics({"train/loss": 1.5}, step=3)
+    monkeypatch.setattr(sqlalchemy.orm.Session, "commit", commit)
+    assert client.get_run(run_id).data.metrics.get("train/loss") == 1.5

@@ -192,8 +192,8 @@ def build_trainer(
     """A Trainer for ``train`` (the ``train:`` config): max_steps, accumulation, grad clip (automatic
     optimisation only; manual modules clip themselves), precision, devices/strategy, ``last.ckpt`` every
     ``checkpoint_every_steps``, validation every ``val_every_steps``, step-wise metrics into ``tracker``'s
-    MLflow run (Lightning's MLFlowLogger attached to it by run id). The console shows :class:`StepProgress`
-    lines, not Lightning's bar, tips or accelerator lines."""
+    MLflow run (Lightning's MLFlowLogger attached to it by run id, its writes held from signals). The
+    console shows :class:`StepProgress` lines, not Lightning's bar, tips or accelerator lines."""
     quiet_lightning()
     checkpoints = ModelCheckpoint(
         dirpath=Path(out_dir) / CHECKPOINT_DIR,
@@ -207,9 +207,9 @@ def build_trainer(
         log_every_n_steps = max(1, min(10, train.max_steps // 10))
     loggers = []
     if tracker.enabled:
-        from lightning.pytorch.loggers import MLFlowLogger
+        from specbench.training.mlflow_logger import DeferringMLFlowLogger
 
-        loggers.append(MLFlowLogger(tracking_uri=tracker.tracking_uri, run_id=tracker.run_id, log_model=False))
+        loggers.append(DeferringMLFlowLogger(tracking_uri=tracker.tracking_uri, run_id=tracker.run_id, log_model=False))
     trainer = L.Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=train.devices,
