@@ -7,6 +7,7 @@ attempt in ``signals.deferred()``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -94,14 +95,20 @@ def test_a_lock_error_is_not_retried_once_a_signal_came(handlers, monkeypatch):
     assert calls == [1]
 
 
-def test_a_sigterm_during_an_sqlite_commit_lets_the_write_finish_then_stops(handlers, tmp_path, monkeypatch):
-    import sqlalchemy.orm
-
+@pytest.fixture
+def store_run(tmp_path):
+    """(uri, client, run_id) of a fresh SQLite MLflow store with one run."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = store.client(uri)
-    run_id = store.retry(
-        client.create_run, store.get_or_create_experiment(client, "signals", uri)
-    ).info.run_id
+    run_id = store.retry(client.create_run, store.get_or_create_experiment(client, "signals", uri)).info.run_id
+    return uri, client, run_id
+
+
+@contextlib.contextmanager
+def sigterm_inside_the_next_commit(monkeypatch):
+    """The first SQLAlchemy commit in the block receives SIGTERM before it commits; commits are plain after."""
+    import sqlalchemy.orm
+
     commit = sqlalchemy.orm.Session.commit
 
     def commit_hit_by_sigterm(session):
@@ -110,30 +117,24 @@ def test_a_sigterm_during_an_sqlite_commit_lets_the_write_finish_then_stops(hand
         return commit(session)
 
     monkeypatch.setattr(sqlalchemy.orm.Session, "commit", commit_hit_by_sigterm)
-    with pytest.raises(signals.Terminated):
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(sqlalchemy.orm.Session, "commit", commit)
+
+
+def test_a_sigterm_during_an_sqlite_commit_lets_the_write_finish_then_stops(handlers, store_run, monkeypatch):
+    _, client, run_id = store_run
+    with sigterm_inside_the_next_commit(monkeypatch), pytest.raises(signals.Terminated):
         store.retry(client.set_tag, run_id, "written", "yes")
-    monkeypatch.setattr(sqlalchemy.orm.Session, "commit", commit)
     assert client.get_run(run_id).data.tags.get("written") == "yes"
 
 
-def test_a_sigterm_during_a_lightning_metric_write_lets_it_finish_then_stops(handlers, tmp_path, monkeypatch):
-    import sqlalchemy.orm
-
+def test_a_sigterm_during_a_lightning_metric_write_lets_it_finish_then_stops(handlers, store_run, monkeypatch):
     from specbench.training.mlflow_logger import DeferringMLFlowLogger
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = store.client(uri)
-    run_id = store.retry(client.create_run, store.get_or_create_experiment(client, "signals", uri)).info.run_id
+    uri, client, run_id = store_run
     logger = DeferringMLFlowLogger(tracking_uri=uri, run_id=run_id, log_model=False)
-    commit = sqlalchemy.orm.Session.commit
-
-    def commit_hit_by_sigterm(session):
-        if signals.received() is None:
-            kill_self()
-        return commit(session)
-
-    monkeypatch.setattr(sqlalchemy.orm.Session, "commit", commit_hit_by_sigterm)
-    with pytest.raises(signals.Terminated):
+    with sigterm_inside_the_next_commit(monkeypatch), pytest.raises(signals.Terminated):
         logger.log_metrics({"train/loss": 1.5}, step=3)
-    monkeypatch.setattr(sqlalchemy.orm.Session, "commit", commit)
     assert client.get_run(run_id).data.metrics.get("train/loss") == 1.5

@@ -142,9 +142,8 @@ def measure_verify_ms(
     """Median time of a verifier forward over n = 1..max_n new tokens after ``context_len`` cached ones,
     made non-decreasing in n (:func:`monotone`).
 
-    Each repeat times every n once, in turn, so a change of load on a shared machine falls on all n alike:
-    timed one n after the other, a busy spell during n = 1 alone made v(2) read 1.27 where decoding on the
-    same machine paid about 1.0."""
+    Each repeat times every n once, in turn, so a change of load on a shared machine falls on all n alike
+    instead of on one n's block of repeats (docs/drafters-model-free.md, the fallback with cost_aware)."""
     from specbench.decoding.cache import CachedModel
     from specbench.models.devices import synchronize
 
