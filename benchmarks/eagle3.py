@@ -32,6 +32,7 @@ from harness import (
 )
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
+from specbench.decoding.cost import CostProfile
 from specbench.decoding.cost_aware import CostAwareSchedule
 from specbench.drafters.eagle3_format import load_eagle3_drafter
 from specbench.drafters.fallback import suffix_then_eagle3
@@ -65,7 +66,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--fallback-schedules", default="constant",
         help="comma list of schedules for the --fallback chain rows: constant (γ cap 10) | cost_aware (chains "
-        "trimmed by match length and the verification costs v(n) measured first, max_gamma 10)",
+        "trimmed by match length and the round costs: the v(n) measured first as a prior, learned from the run's "
+        "own rounds; max_gamma 10) | cost_aware_profile (the same, priced by the measured v(n) alone)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fallback-profile", default=None,
+        help="a cost profile file (task=profile, or a previous run's eagle3.json 'fallback_profile') to price the "
+        "cost_aware rows instead of one measured now: to test how learned costs recover from a bad profile",
     )  # fmt: skip
     parser.add_argument(
         "--fallback-widths", default="1",
@@ -135,19 +142,26 @@ def main(argv=None) -> int:
                               schedule=DraftSchedule("constant", gamma), **common),
         ))  # fmt: skip
     schedules = [name for name in (n.strip() for n in args.fallback_schedules.split(",")) if name]
-    if unknown := sorted(set(schedules) - {"constant", "cost_aware"}):
-        raise SystemExit(f"--fallback-schedules: unknown {unknown}; choose from constant, cost_aware")
-    fallback_profile = None
-    if args.fallback and "cost_aware" in schedules:  # v(n) up to the longest chain; a trim weighs only v
-        fallback_profile = measure_profile(verifier, None, vocab, FALLBACK_CAP + 1, context_len=256, repeats=7)
+    suffixes = {"constant": "", "cost_aware": "-ca", "cost_aware_profile": "-cap"}
+    if unknown := sorted(set(schedules) - set(suffixes)):
+        raise SystemExit(f"--fallback-schedules: unknown {unknown}; choose from {', '.join(suffixes)}")
+    fallback_profile, learning = None, {}
+    if args.fallback and {"cost_aware", "cost_aware_profile"} & set(schedules):  # v(n) up to the longest chain
+        if args.fallback_profile:
+            fallback_profile = read_profile(args.fallback_profile)
+        else:
+            fallback_profile = measure_profile(verifier, None, vocab, FALLBACK_CAP + 1, context_len=256, repeats=7)
         print(f"verification costs for the cost_aware rows:\n{fallback_profile.table()}", file=sys.stderr)
     for least in [int(m) for m in args.fallback.split(",") if m.strip()]:
         for width in [int(w) for w in args.fallback_widths.split(",") if w.strip()]:
             for name in schedules if width == 1 else ["constant"]:  # trees are not trimmed
-                schedule = (CostAwareSchedule(fallback_profile, FALLBACK_CAP) if name == "cost_aware"
-                            else DraftSchedule("constant", FALLBACK_CAP))
+                schedule = (DraftSchedule("constant", FALLBACK_CAP) if name == "constant" else
+                            CostAwareSchedule(fallback_profile, FALLBACK_CAP, learn_costs=name == "cost_aware"))
+                label = f"suffix+eagle3-m{least}" + (f"-w{width}" if width > 1 else "") + suffixes[name]
+                if name == "cost_aware":
+                    learning[label] = schedule
                 runners.append(engine_runner(
-                    f"suffix+eagle3-m{least}" + (f"-w{width}" if width > 1 else "") + ("-ca" if name == "cost_aware" else ""),
+                    label,
                     SpeculativeEngine(model, suffix_then_eagle3(heads[0], verifier, vocab, min_lookup_tokens=least,
                                                                 suffix={"num_speculative_tokens": FALLBACK_CAP},
                                                                 tree_width=width),
@@ -164,17 +178,33 @@ def main(argv=None) -> int:
         "fallback_profile": fallback_profile.to_dict() if fallback_profile else None,
         "profiles": {path: p.to_dict() for path, p in profiles.items()},
         "figures": figures,
+        "learned_costs": {label: s.costs.relative()[0] for label, s in learning.items()},
     }  # fmt: skip
     (out / "eagle3.json").write_text(json.dumps(report, indent=2) + "\n")
     print(format_table(figures))
     for path in heads:
         print(f"head cost c = {profiles[path].c:.3f} (time per drafted token / one-token verifier forward): {path}")
+    for label, s in learning.items():
+        verify, _ = s.costs.relative()
+        print(f"{label}: v(n) learned over {s.costs.rounds} rounds (load x{s.costs.load_scale:.2f} the profile's): "
+              + " ".join(f"{v:.2f}" for v in verify))
     print(f"answers and figures: {out}")
     if args.temperature > 0:
         return 0
     identical = all(rows["overall"]["identical"] == 1.0 for rows in figures.values())
     print("every output token-identical to autoregressive decoding:", identical)
     return 0 if identical else 1
+
+
+def read_profile(path: str) -> CostProfile:
+    """A task=profile file, or the ``fallback_profile`` a previous run of this benchmark recorded."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if isinstance(data, dict) and isinstance(data.get("fallback_profile"), dict):
+            return CostProfile.from_dict(data["fallback_profile"], f"the fallback_profile of {path!r}")
+        return CostProfile.from_dict(data, repr(path))
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"--fallback-profile: {err}") from err
 
 
 if __name__ == "__main__":

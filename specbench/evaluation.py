@@ -124,7 +124,7 @@ def build_engines(
         if profile is None:
             print("measuring the cost profile for schedule=cost_aware (schedule.profile=null) ...", file=sys.stderr)
             profile = measure_profile(verifier, drafter_impl, vocab, schedule.max_gamma + 1)
-        common["schedule"] = CostAwareSchedule(profile, schedule.max_gamma)
+        common["schedule"] = CostAwareSchedule(profile, schedule.max_gamma, schedule.learn_costs)
     engine = SpeculativeEngine(verifier.model, drafter_impl, rule, **common)
     reference = SpeculativeEngine(verifier.model, None, None, **common) if baseline and drafter_impl else None
     return engine, reference

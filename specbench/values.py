@@ -13,7 +13,9 @@ from typing import Any
 
 SCHEDULES = ("constant", "heuristic", "dynamic", "cost_aware")
 # The defaults of the schedule and generation settings, for the config schema and the library classes alike.
-SCHEDULE_DEFAULTS = {"name": "constant", "gamma": 3, "max_gamma": 16, "confidence_threshold": 0.4}
+SCHEDULE_DEFAULTS = {
+    "name": "constant", "gamma": 3, "max_gamma": 16, "confidence_threshold": 0.4, "learn_costs": True,
+}  # fmt: skip
 GENERATION_DEFAULTS = {"max_new_tokens": 64, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
 POOLS = ("linear", "log_linear")
 EAGLE3_INIT_LAYERS = ("random", "verifier_last")  # train.init_layer
@@ -34,7 +36,8 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
 def check_schedule(
-    name: str, gamma: int, max_gamma: int, confidence_threshold: float, profile: str | None = None
+    name: str, gamma: int, max_gamma: int, confidence_threshold: float, profile: str | None = None,
+    learn_costs: bool = True,
 ) -> None:
     if name not in SCHEDULES:
         raise ValueError(f"schedule.name must be one of {list(SCHEDULES)}, got {name!r}")
@@ -44,6 +47,8 @@ def check_schedule(
         raise ValueError(f"schedule.max_gamma ({max_gamma}) must be >= schedule.gamma ({gamma})")
     if not 0.0 <= confidence_threshold <= 1.0:
         raise ValueError(f"schedule.confidence_threshold must be in [0, 1], got {confidence_threshold}")
+    if not isinstance(learn_costs, bool):
+        raise ValueError(f"schedule.learn_costs must be true or false, got {learn_costs!r}")  # noqa: TRY004
 
 
 def check_generation(

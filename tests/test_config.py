@@ -374,6 +374,7 @@ def test_schedules_and_overrides():
         "schedule.gamma=three",
         "gen.batch_size=1.5",
         "eval.baseline=maybe",
+        "schedule.learn_costs=maybe",
     ],
 )
 def test_typos_and_wrong_types_fail_at_compose_time(override):

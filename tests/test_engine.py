@@ -468,6 +468,7 @@ def test_log_linear_ensemble_with_top_k_sampling_does_not_crash():
     (lambda: DraftSchedule("constant", gamma=0), "schedule.gamma"),
     (lambda: DraftSchedule("constant", gamma=5, max_gamma=4), "schedule.max_gamma"),
     (lambda: DraftSchedule("dynamic", confidence_threshold=1.5), "schedule.confidence_threshold"),
+    (lambda: DraftSchedule("cost_aware", learn_costs="yes"), "schedule.learn_costs"),
 ])
 def test_invalid_settings_name_their_key(factory, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):

@@ -96,7 +96,8 @@ def test_cost_aware_trims_the_fallback_losslessly_with_model_rows_in_bucket_zero
     prompts = [list(p) for p in e2e_prompts("local")][:batch] if batch > 1 else [list(e2e_prompts("local")[1])]
     expected = [hf_generate(tiny_verifier("local"), p, 30)[0] for p in prompts]
     # Verifying n tokens costs 1 + 0.3 (n - 1) steps: long chains of a short match do not pay.
-    schedule = CostAwareSchedule(CostProfile([10.0 * (1 + 0.3 * i) for i in range(11)], draft_ms=1.0), 10)
+    profile = CostProfile([10.0 * (1 + 0.3 * i) for i in range(11)], draft_ms=1.0)
+    schedule = CostAwareSchedule(profile, 10, learn_costs=False)  # priced by this profile, not the tiny model's times
     drafter = _fallback(min_lookup_tokens=2, model_gamma=1)
     engine = SpeculativeEngine(tiny_verifier("local"), drafter, None, schedule,
                                lookup_engine("local", drafter).settings, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID)

@@ -95,6 +95,7 @@ class ScheduleConfig:
     max_gamma: int = SCHEDULE_DEFAULTS["max_gamma"]
     confidence_threshold: float = SCHEDULE_DEFAULTS["confidence_threshold"]
     profile: str | None = None  # cost_aware: a task=profile file (null: measured when the run starts)
+    learn_costs: bool = SCHEDULE_DEFAULTS["learn_costs"]  # cost_aware: re-estimate costs from the run's rounds
 
 
 @dataclass

@@ -96,13 +96,18 @@ class CostProfile:
             ) from None
         except (OSError, ValueError) as err:
             raise ValueError(f"cost profile {str(path)!r} is not readable JSON ({err})") from err
+        return cls.from_dict(data, repr(str(path)))
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "the data") -> CostProfile:
+        """A profile from its :meth:`to_dict` form; ``source`` names it in errors."""
         if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
-            raise ValueError(f"{str(path)!r} is not a specbench cost profile (written by task=profile)")
+            raise ValueError(f"{source} is not a specbench cost profile (written by task=profile)")
         fields = {k: v for k, v in data.items() if k not in ("format", "version")}
         try:
             return cls(**fields)
         except TypeError as err:
-            raise ValueError(f"cost profile {str(path)!r} has unexpected fields ({err})") from err
+            raise ValueError(f"cost profile {source} has unexpected fields ({err})") from err
 
     def table(self) -> str:
         lines = [f"{'n':>3} {'verify ms':>10} {'v(n)':>6}"]

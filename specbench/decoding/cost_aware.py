@@ -18,6 +18,10 @@ schedule only chooses lengths: lossless rules stay lossless.
 
 The cost of a batched verification is that of its longest row; each row's choice uses the profile's
 ``v(n)`` measured at the run's batch size, which treats rows as independent (an approximation at batch > 1).
+
+With ``learn_costs`` (the default) the profile is only the prior of :class:`LearnedCosts`: the round
+costs are re-estimated from the run's own round times, so a profile timed in a busy minute stops
+steering the whole run. ``learn_costs=False`` prices every round by the profile alone.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from specbench.decoding.cost import CostProfile
+from specbench.decoding.learned_cost import LearnedCosts
 from specbench.drafters.base import Proposal
 
 # Match-length buckets: 0 (no match / model drafter), 1, 2, 3, 4-5, 6-8, 9-15, 16+.
@@ -41,7 +46,7 @@ class CostAwareSchedule:
 
     name = "cost_aware"
 
-    def __init__(self, profile: CostProfile, max_gamma: int = 16):
+    def __init__(self, profile: CostProfile, max_gamma: int = 16, learn_costs: bool = True):
         if max_gamma < 1:
             raise ValueError(f"schedule.max_gamma must be >= 1, got {max_gamma}")
         self.profile = profile
@@ -49,9 +54,18 @@ class CostAwareSchedule:
         buckets = len(MATCH_BUCKET_EDGES) + 1
         self.accepts = torch.zeros(buckets, self.max_gamma, dtype=torch.float64)
         self.trials = torch.zeros(buckets, self.max_gamma, dtype=torch.float64)
-        self._costs = torch.tensor([profile.round_cost(k) for k in range(self.max_gamma + 1)], dtype=torch.float64)
-        self._verify_costs = torch.tensor([profile.v(k + 1) for k in range(self.max_gamma + 1)], dtype=torch.float64)
+        self.costs = LearnedCosts(profile, self.max_gamma + 1) if learn_costs else None
+        self._set_costs([profile.v(k + 1) for k in range(self.max_gamma + 1)], profile.c)
         self._caps_before_drafting = True
+
+    def _set_costs(self, verify: list[float], c: float) -> None:
+        """``verify[k]``: the cost of verifying ``k`` drafts (``v(k + 1)``); ``c``: a drafter forward's."""
+        self._verify_costs = torch.tensor(verify, dtype=torch.float64)
+        self._costs = self._verify_costs + c * torch.arange(self.max_gamma + 1, dtype=torch.float64)
+
+    @property
+    def learns_costs(self) -> bool:
+        return self.costs is not None
 
     # -- the DraftSchedule interface the engine calls ------------------------------------------------------
 
@@ -90,6 +104,10 @@ class CostAwareSchedule:
             self.trials[bucket, :tried] += 1
             self.accepts[bucket, :kept] += 1
 
+    def observe_round(self, columns: int, round_seconds: float, forwards: int, draft_seconds: float) -> None:
+        self.costs.observe(columns, 1000.0 * round_seconds, forwards, 1000.0 * draft_seconds)
+        self._set_costs(*self.costs.relative())
+
     # -- the choice ----------------------------------------------------------------------------------------
 
     def acceptance(self, bucket: int) -> torch.Tensor:
@@ -112,4 +130,10 @@ class CostAwareSchedule:
         return int(self.expected_rate(bucket, limit, drafted).argmax())
 
     def describe(self) -> dict:
-        return {"schedule": self.name, "max_gamma": self.max_gamma, "profile_c": self.profile.c}
+        info = {"schedule": self.name, "max_gamma": self.max_gamma, "profile_c": self.profile.c,
+                "learn_costs": self.learns_costs}  # fmt: skip
+        if self.costs is not None and self.costs.rounds:
+            verify, c = self.costs.relative()
+            info.update(learned_c=round(c, 4), learned_v2=round(verify[1], 3) if len(verify) > 1 else None,
+                        learned_v_max=round(verify[-1], 3), load_scale=round(self.costs.load_scale, 3))
+        return info

@@ -247,7 +247,13 @@ class SpeculativeEngine:
         t1 = self.clock.now()
         if proposal.is_tree:
             self._tree_round(state, results, proposal, t0, t1)
-            return
+        else:
+            self._chain_round(state, results, proposal, t0, t1)
+        if self.drafter is not None and self.schedule.learns_costs:
+            columns = proposal.tokens.shape[1] + 1
+            self.schedule.observe_round(columns, self.clock.now() - t1, proposal.forwards, t1 - t0)
+
+    def _chain_round(self, state, results, proposal: Proposal, t0: float, t1: float) -> None:
         drafts, draft_lens = proposal.tokens, proposal.lengths
         verifier_input = torch.cat([state.last_tokens().unsqueeze(1), drafts], dim=1)
         gamma = drafts.shape[1]

@@ -19,9 +19,10 @@ class DraftSchedule:
     gamma: int = SCHEDULE_DEFAULTS["gamma"]
     max_gamma: int = SCHEDULE_DEFAULTS["max_gamma"]
     confidence_threshold: float = SCHEDULE_DEFAULTS["confidence_threshold"]
+    learn_costs: bool = SCHEDULE_DEFAULTS["learn_costs"]  # cost_aware only (CostAwareSchedule)
 
     def __post_init__(self):
-        check_schedule(self.name, self.gamma, self.max_gamma, self.confidence_threshold)
+        check_schedule(self.name, self.gamma, self.max_gamma, self.confidence_threshold, learn_costs=self.learn_costs)
 
     def initial_gamma(self) -> int:
         return self.max_gamma if self.name in ("dynamic", "cost_aware") else self.gamma
@@ -47,6 +48,12 @@ class DraftSchedule:
 
     def observe(self, proposal, accepted: torch.Tensor) -> None:
         """What a round's verification accepted (``accepted[b]`` of ``proposal.lengths[b]``)."""
+
+    learns_costs = False  # cost_aware with schedule.learn_costs: the engine reports each round's times
+
+    def observe_round(self, columns: int, round_seconds: float, forwards: int, draft_seconds: float) -> None:
+        """A round's times (only called when ``learns_costs``): ``columns`` verified in ``round_seconds``
+        after drafting; ``forwards`` drafter forwards in ``draft_seconds``."""
 
     def continues(self, drafted_token_prob: torch.Tensor) -> torch.Tensor:
         """(B,) whether each row may draft another token after one the drafter gave this probability
