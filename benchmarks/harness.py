@@ -223,6 +223,26 @@ def format_table(figures: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def decode_and_report(runners: list[Runner], tokenizer, questions: list[dict], out: Path, name: str,
+                      report: dict) -> dict[str, dict[str, dict]]:
+    """Every runner on every question (:func:`run_all`), its answer files, ``OUT/NAME.json`` (``report`` and
+    the figures) and the printed table; returns the figures (against the ``autoregressive`` runner)."""
+    answers = run_all(runners, tokenizer, questions)
+    figures = table(answers, "autoregressive")
+    write_answer_files(out / "answers", answers)
+    (out / f"{name}.json").write_text(json.dumps({**report, "figures": figures}, indent=2) + "\n")
+    print(format_table(figures))
+    print(f"answers and figures: {out}")
+    return figures
+
+
+def all_identical(figures: dict[str, dict[str, dict]]) -> bool:
+    """Whether every row's outputs equal the baseline's (printed, for greedy runs)."""
+    identical = all(rows["overall"]["identical"] == 1.0 for rows in figures.values())
+    print("every output token-identical to autoregressive decoding:", identical)
+    return identical
+
+
 def out_dir(given: str | None, name: str) -> Path:
     """``--out-dir`` if given, else ``outputs/NAME/TIME`` (a new folder per run)."""
     return Path(given or f"outputs/{name}/{time.strftime('%Y%m%d-%H%M%S')}")

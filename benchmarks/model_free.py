@@ -13,7 +13,6 @@ writes Spec-Bench answer files and a JSON of the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -21,16 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (
-    engine_runner,
-    format_table,
-    heldout_questions,
-    hf_runner,
-    out_dir,
-    run_all,
-    table,
-    write_answer_files,
-)
+from harness import all_identical, decode_and_report, engine_runner, heldout_questions, hf_runner, out_dir
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
 from specbench.decoding.cost import CostProfile, measure_verify_ms
@@ -99,19 +89,10 @@ def main(argv=None) -> int:
         keep = {"autoregressive", *args.only.split(",")}
         runners = [r for r in runners if r.name in keep]
     questions = heldout_questions(args.per_task)
-    answers = run_all(runners, tokenizer, questions)
-    figures = table(answers, "autoregressive")
-    write_answer_files(out / "answers", answers)
-    report = {
-        "questions": len(questions), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-        "profile": profile.to_dict(), "figures": figures,
-    }  # fmt: skip
-    (out / "model_free.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(format_table(figures))
-    print(f"answers and figures: {out}")
-    identical = all(rows["overall"]["identical"] == 1.0 for rows in figures.values())
-    print("every output token-identical to autoregressive decoding:", identical)
-    return 0 if identical else 1
+    report = {"questions": len(questions), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+              "profile": profile.to_dict()}  # fmt: skip
+    figures = decode_and_report(runners, tokenizer, questions, out, "model_free", report)
+    return 0 if all_identical(figures) else 1
 
 
 if __name__ == "__main__":

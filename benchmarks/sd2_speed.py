@@ -14,7 +14,6 @@ Greedy: every output must be token-identical to autoregressive decoding (exit 1 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,15 +21,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (
-    engine_runner,
-    format_table,
-    heldout_questions,
-    out_dir,
-    run_all,
-    table,
-    write_answer_files,
-)
+from harness import all_identical, decode_and_report, engine_runner, heldout_questions, out_dir
 from sd2_pipeline import DRAFTERS, ROOT, TAPS, TRAINED_BY
 
 from specbench.config.validate import validate
@@ -95,17 +86,10 @@ def main() -> int:
         runners.append(engine_runner(f"{drafter}-g{gamma}", engine))
 
     questions = heldout_questions(args.per_task)
-    answers = run_all(runners, verifier.tokenizer, questions)
-    figures = table(answers, "autoregressive")
-    write_answer_files(out / "answers", answers)
     report = {"run": str(run), "questions": len(questions), "max_new_tokens": args.max_new_tokens,
-              "dtype": args.dtype, "threads": args.threads, "figures": figures}  # fmt: skip
-    (out / "sd2_speed.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(format_table(figures))
-    print(f"answers and figures: {out}")
-    identical = all(rows["overall"]["identical"] == 1.0 for rows in figures.values())
-    print("every output token-identical to autoregressive decoding:", identical)
-    return 0 if identical else 1
+              "dtype": args.dtype, "threads": args.threads}  # fmt: skip
+    figures = decode_and_report(runners, verifier.tokenizer, questions, out, "sd2_speed", report)
+    return 0 if all_identical(figures) else 1
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
+    all_identical,
     embedded_verifier,
     format_table,
     heldout_questions,
@@ -103,8 +104,7 @@ def main(argv=None) -> int:
         figures = table(answers, "autoregressive (F.linear)")
         write_answer_files(out / "answers", answers)
         print(format_table(figures))
-        identical = all(rows["overall"]["identical"] == 1.0 for rows in figures.values())
-        print("every output token-identical to autoregressive decoding:", identical)
+        identical = all_identical(figures)
         report |= {"head": args.head, "questions": len(questions), "max_new_tokens": args.max_new_tokens,
                    "gamma": args.gamma, "figures": figures}  # fmt: skip
     use("small-batch")

@@ -130,10 +130,5 @@ class CostAwareSchedule:
         return int(self.expected_rate(bucket, limit, drafted).argmax())
 
     def describe(self) -> dict:
-        info = {"schedule": self.name, "max_gamma": self.max_gamma, "profile_c": self.profile.c,
+        return {"schedule": self.name, "max_gamma": self.max_gamma, "profile_c": self.profile.c,
                 "learn_costs": self.learns_costs}  # fmt: skip
-        if self.costs is not None and self.costs.rounds:
-            verify, c = self.costs.relative()
-            info.update(learned_c=round(c, 4), learned_v2=round(verify[1], 3) if len(verify) > 1 else None,
-                        learned_v_max=round(verify[-1], 3), load_scale=round(self.costs.load_scale, 3))
-        return info
