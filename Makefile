@@ -17,7 +17,7 @@ setup: $(BIN)/python
 # dot products it is faster than float32 and speculative outputs stay identical; DEMO_DTYPE=float32 otherwise.
 DEMO_DTYPE ?= bfloat16
 demo: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python launch.py model/drafter=suffix schedule=cost_aware runtime.dtype=$(DEMO_DTYPE)
+	HF_HUB_OFFLINE=1 $(BIN)/python launch.py model/drafter=suffix-smollm2 schedule=cost_aware runtime.dtype=$(DEMO_DTYPE)
 	HF_HUB_OFFLINE=1 $(BIN)/python launch.py model/drafter=eagle3-smollm2 schedule=cost_aware runtime.dtype=$(DEMO_DTYPE)
 	HF_HUB_OFFLINE=1 $(BIN)/python launch.py model/drafter=suffix-eagle3-smollm2 schedule.gamma=10 runtime.dtype=$(DEMO_DTYPE)
 	HF_HUB_OFFLINE=1 $(BIN)/python launch.py runtime.dtype=$(DEMO_DTYPE)

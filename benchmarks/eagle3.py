@@ -53,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--per-task", type=int, default=5, help="held-out questions per Spec-Bench task")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--gammas", default="3,5", help="comma list of constant draft lengths for the head")
+    parser.add_argument("--gammas", default="3,5", help="comma list of constant draft lengths for the head (empty: no head rows)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
@@ -75,6 +75,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="a cost profile file (task=profile, or a previous run's eagle3.json 'fallback_profile') to price the "
         "cost_aware rows instead of one measured now: to test how learned costs recover from a bad profile",
     )  # fmt: skip
+    parser.add_argument(
+        "--suffix-cache", default=None,
+        help="a suffix cache file (python -m specbench.drafters.suffix_seed): each --fallback row runs twice, "
+        "its suffix drafter's global tree empty and seeded from the file (rows suffixed -seeded)",
+    )
     parser.add_argument(
         "--fallback-widths", default="1",
         help="comma list of head tree widths for the --fallback rows (1: the head drafts a chain)",
@@ -117,7 +122,7 @@ def main(argv=None) -> int:
     profiles = {}
     for path in heads:
         profiles[path] = measure_profile(
-            verifier, load_eagle3_drafter(path, verifier, vocab), vocab, max(gammas) + 1, context_len=256, repeats=7
+            verifier, load_eagle3_drafter(path, verifier, vocab), vocab, max(gammas, default=1) + 1, context_len=256, repeats=7
         )
         print(f"{path}:\n{profiles[path].table()}", file=sys.stderr)
     profile = profiles[heads[0]]
@@ -142,6 +147,9 @@ def main(argv=None) -> int:
             SpeculativeEngine(model, load_eagle3_drafter(heads[0], verifier, vocab, tree_width=width),
                               schedule=DraftSchedule("constant", gamma), **common),
         ))  # fmt: skip
+    if args.suffix_cache and not Path(args.suffix_cache).is_file():
+        raise SystemExit(f"--suffix-cache {args.suffix_cache}: no such file; write one with "
+                         "python -m specbench.drafters.suffix_seed SYNTH_DIR --out FILE")
     schedules = [name for name in (n.strip() for n in args.fallback_schedules.split(",")) if name]
     suffixes = {"constant": "", "cost_aware": "-ca", "cost_aware_profile": "-cap"}
     if unknown := sorted(set(schedules) - set(suffixes)):
@@ -156,24 +164,26 @@ def main(argv=None) -> int:
     for least in [int(m) for m in args.fallback.split(",") if m.strip()]:
         for width in [int(w) for w in args.fallback_widths.split(",") if w.strip()]:
             for name in schedules if width == 1 else ["constant"]:  # trees are not trimmed
-                schedule = (DraftSchedule("constant", FALLBACK_CAP) if name == "constant" else
-                            CostAwareSchedule(fallback_profile, FALLBACK_CAP, learn_costs=name == "cost_aware"))
-                label = f"suffix+eagle3-m{least}" + (f"-w{width}" if width > 1 else "") + suffixes[name]
-                if name == "cost_aware":
-                    learning[label] = schedule
-                runners.append(engine_runner(
-                    label,
-                    SpeculativeEngine(model, suffix_then_eagle3(heads[0], verifier, vocab, min_lookup_tokens=least,
-                                                                suffix={"num_speculative_tokens": FALLBACK_CAP},
-                                                                tree_width=width),
-                                      schedule=schedule, **common),
-                ))  # fmt: skip
+                for seed in [None, args.suffix_cache] if args.suffix_cache else [None]:
+                    schedule = (DraftSchedule("constant", FALLBACK_CAP) if name == "constant" else
+                                CostAwareSchedule(fallback_profile, FALLBACK_CAP, learn_costs=name == "cost_aware"))
+                    label = (f"suffix+eagle3-m{least}" + (f"-w{width}" if width > 1 else "") + suffixes[name]
+                             + ("-seeded" if seed else ""))
+                    if name == "cost_aware":
+                        learning[label] = schedule
+                    suffix = {"num_speculative_tokens": FALLBACK_CAP, "cache_file": seed}
+                    runners.append(engine_runner(
+                        label,
+                        SpeculativeEngine(model, suffix_then_eagle3(heads[0], verifier, vocab, min_lookup_tokens=least,
+                                                                    suffix=suffix, tree_width=width),
+                                          schedule=schedule, **common),
+                    ))  # fmt: skip
     questions = heldout_questions(args.per_task)
     answers = run_all(runners, tokenizer, questions)
     figures = table(answers, "autoregressive")
     write_answer_files(out / "answers", answers)
     report = {
-        "head": heads[0], "heads": heads, "questions": len(questions), "max_new_tokens": args.max_new_tokens,
+        "head": heads[0], "heads": heads, "suffix_cache": args.suffix_cache, "questions": len(questions), "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature, "threads": args.threads, "device": str(model.device),
         "dtype": str(model.dtype), "profile": profile.to_dict(),
         "fallback_profile": fallback_profile.to_dict() if fallback_profile else None,

@@ -27,6 +27,7 @@ from specbench.data.dataset_subsets import in_subset
 from specbench.data.datasets import encode_messages
 from specbench.data.prompts import read_jsonl
 from specbench.decoding import SpeculativeEngine
+from specbench.evaluation import forgetting
 
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 TASK_TITLES = {
@@ -60,7 +61,11 @@ def engine_runner(name: str, engine: SpeculativeEngine) -> Runner:
         result = engine.generate([ids])[0]
         return Decoded(result.output_ids, result.wall_time, len(result.rounds), [r.emitted for r in result.rounds])
 
-    return Runner(name, run)
+    def warm(ids: list[int]) -> None:
+        with forgetting(engine.drafter):
+            run(ids)
+
+    return Runner(name, run, warm)
 
 
 def switched_runner(name: str, engine: SpeculativeEngine, switch: Callable[[], None]) -> Runner:

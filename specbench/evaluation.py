@@ -163,8 +163,9 @@ def measure_profile(
             verifier.model, drafter, None, DraftSchedule("constant", max(max_n - 1, 1)),
             GenerationSettings(max_new_tokens=32), vocab_size, eos, pad_token_id(verifier.tokenizer, eos),
         )  # fmt: skip
-        warm_up(engine, list(prompts[0]))
-        rounds = [r for p in prompts for r in engine.generate([list(p)])[0].rounds if r.drafted > 0]
+        with forgetting(drafter):
+            warm_up(engine, list(prompts[0]))
+            rounds = [r for p in prompts for r in engine.generate([list(p)])[0].rounds if r.drafted > 0]
         drafted = sum(r.drafted for r in rounds)
         draft_ms = 1000.0 * sum(r.draft_time for r in rounds) / drafted if drafted else 0.0
     return CostProfile(
@@ -187,6 +188,18 @@ def batched(items: Sequence, size: int) -> Iterator[list[int]]:
 
 
 @contextmanager
+def forgetting(drafter: Drafter | None) -> Iterator[None]:
+    """Generations inside the block leave no trace in what ``drafter`` remembers across requests (the
+    suffix drafter's global tree): warm-ups and timing runs must not show it answers it will be asked for."""
+    memory = drafter.memory_state() if drafter is not None else None
+    try:
+        yield
+    finally:
+        if drafter is not None:
+            drafter.restore_memory(memory)
+
+
+@contextmanager
 def _short_generation(engine: SpeculativeEngine, max_new_tokens: int) -> Iterator[None]:
     saved = engine.settings
     engine.settings = dataclasses.replace(saved, max_new_tokens=min(max_new_tokens, saved.max_new_tokens))
@@ -197,8 +210,10 @@ def _short_generation(engine: SpeculativeEngine, max_new_tokens: int) -> Iterato
 
 
 def warm_up(engine: SpeculativeEngine, prompt: list[int], max_new_tokens: int = WARMUP_TOKENS) -> None:
-    """One short generation (kernels, allocator, caches), then reseed so the measured run is reproducible."""
-    with _short_generation(engine, max_new_tokens):
+    """One short generation (kernels, allocator, caches), then reseed so the measured run is reproducible.
+    A drafter that remembers requests (the suffix drafter's global tree) forgets this one: it must not
+    know the start of the answer to the first prompt before decoding it."""
+    with forgetting(engine.drafter), _short_generation(engine, max_new_tokens):
         engine.generate([prompt])
     engine.reseed(engine.settings.seed)
 

@@ -55,6 +55,7 @@ def test_expected_options_exist():
         "qwen3-0.6b",
         "suffix",
         "suffix-eagle3-smollm2",
+        "suffix-smollm2",
         "tiny-random",
     ]
     assert options("method") == [

@@ -169,6 +169,14 @@ class Drafter(ABC):
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given rows (finished sequences leave the batch)."""
 
+    def memory_state(self) -> object:
+        """What the drafter remembers across requests (a suffix drafter's global tree), to hand back to
+        :meth:`restore_memory` after a generation that must leave no trace, such as a warm-up."""
+        return None
+
+    def restore_memory(self, state: object) -> None:
+        """Forget every request since :meth:`memory_state` returned ``state``."""
+
     def describe(self) -> dict:
         """What identifies this drafter in metrics and run records."""
         return {"drafter": self.name}

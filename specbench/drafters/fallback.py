@@ -57,6 +57,14 @@ class FallbackDrafter(Drafter):
         """schedule=cost_aware trims its chains by match length (model rows: bucket 0); trees it cannot trim."""
         return self.lookup.trimmed_by_schedule and not self.proposes_trees
 
+    def memory_state(self) -> object:
+        return self.lookup.memory_state(), self.model.memory_state()
+
+    def restore_memory(self, state: object) -> None:
+        lookup, model = state
+        self.lookup.restore_memory(lookup)
+        self.model.restore_memory(model)
+
     def reset(self, batch_size: int) -> None:
         self.lookup.reset(batch_size)
         self.model.reset(batch_size)

@@ -39,6 +39,7 @@ import torch
 from specbench.decoding.drafting import BatchState, DraftSampler
 from specbench.drafters.base import Drafter, Proposal, VerifierView
 from specbench.drafters.token_history import RowHistories, proposal_from_lists
+from specbench.models.checkpoints import resolve_project_path
 
 BACKENDS = ("auto", "python", "arctic")
 CACHE_FORMAT = "specbench.suffix-cache"
@@ -482,6 +483,25 @@ class _SuffixRow:
             self.owner._add_response(self.seq_id, new_tokens)
 
 
+def write_cache(path: str | Path, responses, max_tree_depth: int, source: dict | None = None) -> Path:
+    """Write token-id ``responses`` (oldest first; empty ones dropped) as a suffix cache file that
+    ``SuffixDrafter(cache_file=...)`` loads into its global tree. ``source``: where they came from (kept
+    in the file for the reader; token ids only mean something for the tokenizer that produced them)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": CACHE_FORMAT,
+        "version": 1,
+        "max_tree_depth": max_tree_depth,
+        **({"source": source} if source else {}),
+        "responses": [list(r) for r in responses if r],
+    }
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(json.dumps(payload))
+    partial.replace(target)  # a crash mid-write leaves the previous cache whole
+    return target
+
+
 class SuffixDrafter(Drafter):
     """SuffixDecoding over each row's prompt + output and the run's earlier outputs (vLLM's defaults)."""
 
@@ -498,6 +518,7 @@ class SuffixDrafter(Drafter):
         num_speculative_tokens: int | None = None,
         cache_file: str | None = None,
         backend: str = "auto",
+        update_cache_file: bool = True,
     ):
         if max_tree_depth < 1:
             raise ValueError(f"suffix max_tree_depth must be >= 1, got {max_tree_depth}")
@@ -522,14 +543,24 @@ class SuffixDrafter(Drafter):
         self.max_cached_requests = max_cached_requests
         self.num_speculative_tokens = num_speculative_tokens or max_tree_depth  # vLLM's fallback: the depth
         self.backend = resolve_backend(backend)
+        if cache_file is not None and not update_cache_file:
+            cache_file = resolve_project_path(cache_file)  # a committed seed loads from any directory
+            if not Path(cache_file).is_file():
+                raise ValueError(
+                    f"suffix cache_file {cache_file!r} does not exist; a read-only cache (update_cache_file="
+                    "false) must: write it with python -m specbench.drafters.suffix_seed SYNTH_DIR --out FILE"
+                )
         self.cache_file = cache_file
+        self.update_cache_file = update_cache_file
+        self.cache_source: dict | None = None  # the loaded file's 'source', written back with it
         self._global = new_tree(self.backend, max_tree_depth) if max_cached_requests != 0 else None
         self._responses: dict[int, list[int]] = {}  # global cache contents, oldest first
         self._next_seq_id = 0
         self.histories: RowHistories[_SuffixRow] = RowHistories(lambda: _SuffixRow(self))
         self.last_drafts: list[SuffixDraft] = []
+        self.seeded_responses = 0  # how many outputs cache_file held when the drafter was built
         if cache_file is not None and Path(cache_file).exists():
-            self.load_cache(cache_file)
+            self.seeded_responses = self.load_cache(cache_file)
 
     # -- global cache ----------------------------------------------------------------------------------
 
@@ -557,20 +588,29 @@ class SuffixDrafter(Drafter):
         """The outputs the global tree holds, oldest first (rows still decoding included)."""
         return [list(r) for r in self._responses.values()]
 
+    def memory_state(self) -> object:
+        return {seq_id: list(tokens) for seq_id, tokens in self._responses.items()}, self._next_seq_id
+
+    def restore_memory(self, state: object) -> None:
+        responses, next_seq_id = state
+        if self._global is not None:
+            if any(seq_id not in self._responses for seq_id in responses):  # evicted since: rebuild
+                self._global = new_tree(self.backend, self.max_tree_depth)
+                for seq_id, tokens in responses.items():
+                    self._global.extend(seq_id, tokens)
+            else:
+                for seq_id in [s for s in self._responses if s not in responses]:
+                    self._global.remove(seq_id)
+        self._responses = {seq_id: list(tokens) for seq_id, tokens in responses.items()}
+        self._next_seq_id = next_seq_id
+
     def save_cache(self, path: str | Path | None = None) -> Path:
         """Write the global cache's outputs to a JSON file (``cache_file`` by default)."""
         if not (path or self.cache_file):
             raise ValueError("save_cache needs a path (or the drafter's cache_file)")
-        target = Path(path or self.cache_file)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "format": CACHE_FORMAT,
-            "version": 1,
-            "max_tree_depth": self.max_tree_depth,
-            "responses": [r for r in self._responses.values() if r],
-        }
-        target.write_text(json.dumps(payload))
-        return target
+        return write_cache(
+            path or self.cache_file, self._responses.values(), self.max_tree_depth, self.cache_source
+        )
 
     def load_cache(self, path: str | Path) -> int:
         """Add the outputs saved in ``path`` to the global cache (oldest first); returns how many."""
@@ -578,10 +618,18 @@ class SuffixDrafter(Drafter):
             raise ValueError(
                 "this suffix drafter has no global cache (max_cached_requests=0): nothing to load into"
             )
-        payload = json.loads(Path(path).read_text())
-        if payload.get("format") != CACHE_FORMAT:
-            raise ValueError(f"{path} is not a specbench suffix cache (format {payload.get('format')!r})")
-        for response in payload["responses"]:
+        try:
+            payload = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: unreadable suffix cache ({err}); delete it or write it again") from err
+        if not isinstance(payload, dict) or payload.get("format") != CACHE_FORMAT:
+            found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+            raise ValueError(f"{path} is not a specbench suffix cache (format {found!r})")
+        self.cache_source = payload.get("source") or self.cache_source
+        responses = payload.get("responses")
+        if not isinstance(responses, list) or not all(isinstance(r, list) for r in responses):
+            raise ValueError(f"{path}: a suffix cache needs 'responses', a list of token-id lists")
+        for response in responses:
             seq_id = self._start_response()
             self._add_response(seq_id, [int(t) for t in response])
         return len(payload["responses"])
@@ -641,4 +689,6 @@ class SuffixDrafter(Drafter):
             "max_cached_requests": self.max_cached_requests,
             "num_speculative_tokens": self.num_speculative_tokens,
             "backend": self.backend,
+            "cache_file": self.cache_file,
+            "seeded_responses": self.seeded_responses,
         }

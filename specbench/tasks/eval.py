@@ -228,7 +228,7 @@ class EvalTask(Task):
                 )
                 writer_rows = writer.rows
         cache_file = getattr(engine.drafter, "cache_file", None)
-        if cache_file:  # a suffix drafter's global tree, for the next run
+        if cache_file and getattr(engine.drafter, "update_cache_file", True):  # a suffix drafter's global tree
             print(f"saved the drafter's cache: {engine.drafter.save_cache()}")
         rows = done + writer_rows
         summary = summarize_samples(rows, greedy=engine.warping.greedy, autoregressive=drafter is None,
