@@ -28,6 +28,8 @@ from specbench.data.datasets import encode_messages
 from specbench.data.prompts import read_jsonl
 from specbench.decoding import SpeculativeEngine
 from specbench.evaluation import forgetting
+from specbench.results import add_record_options, record_run  # noqa: F401  (scripts import it from here)
+from specbench.results.record import bootstrap_interval, figure
 
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 TASK_TITLES = {
@@ -229,16 +231,60 @@ def format_table(figures: dict[str, dict[str, dict]]) -> str:
 
 
 def decode_and_report(runners: list[Runner], tokenizer, questions: list[dict], out: Path, name: str,
-                      report: dict) -> dict[str, dict[str, dict]]:
+                      report: dict, args=None, headline: Sequence[str] = ()) -> dict[str, dict[str, dict]]:
     """Every runner on every question (:func:`run_all`), its answer files, ``OUT/NAME.json`` (``report`` and
-    the figures) and the printed table; returns the figures (against the ``autoregressive`` runner)."""
+    the figures), the printed table and, given the script's ``args`` (:func:`add_record_options`), its result
+    record in results/; returns the figures (against the ``autoregressive`` runner)."""
     answers = run_all(runners, tokenizer, questions)
     figures = table(answers, "autoregressive")
     write_answer_files(out / "answers", answers)
     (out / f"{name}.json").write_text(json.dumps({**report, "figures": figures}, indent=2) + "\n")
     print(format_table(figures))
     print(f"answers and figures: {out}")
+    if args is not None:
+        record_speed_run(args, name, answers, questions, report, headline)
     return figures
+
+
+def record_speed_run(args, name: str, answers: dict[str, list[dict]], questions: list[dict], report: dict,
+                     headline: Sequence[str] = ()) -> None:
+    """The result record of a side-by-side speed run (:func:`speed_rows`) on held-out Spec-Bench questions."""
+    greedy = float(report.get("temperature", 0.0) or 0.0) == 0.0
+    record_run(args, name, speed_rows(answers, "autoregressive", greedy, headline), "spec_bench heldout (first turn)",
+               len(questions), device=str(report.get("device", "cpu")), dtype=str(report.get("dtype", "float32")),
+               threads=report.get("threads"))  # fmt: skip
+
+
+def _ratio_of_means(pairs: Sequence[tuple[float, float]]) -> float:
+    """Spec-Bench's speedup of (speed, baseline speed) pairs: mean speed over mean baseline speed."""
+    return statistics.mean(s for s, _ in pairs) / max(statistics.mean(b for _, b in pairs), 1e-9)
+
+
+def speed_rows(answers: dict[str, list[dict]], baseline: str = "autoregressive", greedy: bool = True,
+               headline: Sequence[str] = ()) -> list[dict]:
+    """Result-record rows of a :func:`run_all` run: per runner its speedup against ``baseline`` (Spec-Bench's
+    ratio of mean tokens/s, with the median per-question ratio and a bootstrap interval over questions), τ
+    and tokens/s; ``identical_outputs`` only for greedy runs (sampled outputs differ by design)."""
+    reference = {row["question_id"]: row for row in answers[baseline]}
+    rows = []
+    for name, answered in answers.items():
+        pairs = [(_speed(r), _speed(reference[r["question_id"]])) for r in answered]
+        taus = [sum(r["choices"][0]["new_tokens"]) / max(sum(r["choices"][0]["decoding_steps"]), 1) for r in answered]
+        tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in answered)
+        steps = sum(sum(r["choices"][0]["decoding_steps"]) for r in answered)
+        figures = {"tokens_per_s": figure(statistics.mean(s for s, _ in pairs), [s for s, _ in pairs])}
+        if name != baseline:
+            speedup = figure(_ratio_of_means(pairs), unit="x")
+            if len(pairs) >= 2:
+                speedup["median"] = statistics.median(s / max(b, 1e-9) for s, b in pairs)
+                speedup["interval"] = list(bootstrap_interval(pairs, _ratio_of_means))
+            figures = {"speedup": speedup, "tau": figure(tokens / steps if steps else 0.0, taus), **figures}
+        same = all(r["output_ids"] == reference[r["question_id"]]["output_ids"] for r in answered)
+        row = {"setup": name, "figures": figures, "identical_outputs": same if greedy else None}
+        if name in headline:
+            row["headline"] = True
+        rows.append(row)
+    return rows
 
 
 def all_identical(figures: dict[str, dict[str, dict]]) -> bool:

@@ -267,9 +267,14 @@ def test_launch_default_embedded_pair(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["verifier"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert metrics["drafter"].endswith("(early exit)")
+    # the default drafter: the suffix drafter with the committed EAGLE-3 head as fallback, gamma 10
+    assert metrics["drafter"] == "suffix-eagle3-smollm2-135m" and metrics["gamma"] == 10
     assert metrics["num_samples"] == 2 and metrics["prompt_format"] == "chat"
-    assert metrics["tau"] >= 1.0 and metrics["baseline_match_rate"] == 1.0
+    assert metrics["tau"] > 1.0 and metrics["baseline_match_rate"] == 1.0
+    from specbench.models.devices import cpu_has_native_bf16
+
+    assert metrics["dtype"] == ("bfloat16" if cpu_has_native_bf16() else "float32")  # runtime.dtype=auto
+    assert f"dtype {metrics['dtype']} (runtime.dtype=auto: " in proc.stdout
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert "Paris" in samples[0]["output_text"]
 

@@ -94,10 +94,32 @@ def test_resolve_dtype(name: str | torch.dtype, dtype: torch.dtype) -> None:
     assert resolve_dtype(name) is dtype
 
 
-def test_resolve_dtype_auto() -> None:
-    assert resolve_dtype("auto", "cpu") is torch.float32
-    assert resolve_dtype("auto") is torch.float32
-    assert resolve_dtype("auto", "auto") is (torch.bfloat16 if CUDA else torch.float32)
+@pytest.mark.parametrize("native", [True, False])
+def test_resolve_dtype_auto_takes_bf16_where_the_device_computes_it(monkeypatch, native: bool) -> None:
+    from specbench.models import devices
+
+    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: native)
+    on_cpu = torch.bfloat16 if native else torch.float32
+    assert resolve_dtype("auto", "cpu") is on_cpu
+    assert resolve_dtype("auto") is on_cpu
+    assert resolve_dtype("auto", "auto") is (torch.bfloat16 if CUDA else on_cpu)
+
+
+@pytest.mark.parametrize(
+    "machine, cpuinfo, native",
+    [
+        ("x86_64", "processor: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile\n", True),
+        ("x86_64", "flags\t\t: fpu sse avx2 avx512f avx512_vnni\n", False),  # AVX-512 alone emulates bf16
+        ("x86_64", "flags\t\t: fpu amx_bf16 amx_tile\n", True),
+        ("aarch64", "Features\t: fp asimd sve bf16 i8mm\n", True),
+        ("aarch64", "Features\t: fp asimd crc32 atomics\n", False),
+        ("aarch64", "model name: something with bf16 in its name\n", False),  # only the feature list counts
+    ],
+)
+def test_native_bf16_is_read_from_the_cpu_feature_flags(machine: str, cpuinfo: str, native: bool) -> None:
+    from specbench.models.devices import cpu_has_native_bf16
+
+    assert cpu_has_native_bf16(cpuinfo, machine) is native
 
 
 def test_resolve_dtype_unknown() -> None:
@@ -306,7 +328,7 @@ def test_tokenizer_hash_format() -> None:
 
 def test_load_tiny_pair_and_early_exit() -> None:
     spec = ModelSpec(kind="tiny_random", name="tiny-verifier", arch="qwen3", num_layers=3, seed=3)
-    verifier = load_verifier(spec, device="cpu", dtype="auto")
+    verifier = load_verifier(spec, device="cpu")  # the library's default: float32 on every machine
     assert isinstance(verifier, LoadedModel) and verifier.name == "tiny-verifier"
     assert verifier.model.config.num_hidden_layers == 3 and verifier.model.dtype == torch.float32
     assert not verifier.model.training

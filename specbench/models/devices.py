@@ -47,14 +47,40 @@ def resolve_device(name: str | torch.device) -> torch.device:
     raise ValueError(f"Unknown device {name!r}: expected one of 'auto', 'cpu', 'cuda', 'cuda:N'.")
 
 
+def cpu_has_native_bf16(cpuinfo: str | None = None, machine: str | None = None) -> bool:
+    """Whether this CPU computes bf16 dot products in hardware (x86: AVX512-BF16 or AMX; Arm: the BF16
+    extension), where bf16 decoding is faster than float32. Without them torch emulates bf16 and it is slower.
+
+    ``cpuinfo`` / ``machine``: the text of /proc/cpuinfo and ``platform.machine()`` (read when not given)."""
+    import platform
+
+    machine = (machine or platform.machine()).lower()
+    if machine in ("x86_64", "amd64", "i686", "x86") and cpuinfo is None:
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+                cpuinfo = handle.read()
+        except OSError:
+            return False  # not Linux: no way to tell, so the safe choice
+    wanted = {"avx512_bf16", "amx_bf16"} if machine in ("x86_64", "amd64", "i686", "x86") else {"bf16"}
+    for line in cpuinfo.splitlines():
+        key, _, flags = line.partition(":")
+        if key.strip().lower() in ("flags", "features") and wanted & set(flags.split()):
+            return True
+    return False
+
+
 def resolve_dtype(name: str | torch.dtype, device: str | torch.device | None = None) -> torch.dtype:
-    """Parse a dtype name; "auto" means bfloat16 on CUDA and float32 otherwise."""
+    """Parse a dtype name. "auto": bfloat16 on CUDA and on a CPU with native bf16 dot products
+    (:func:`cpu_has_native_bf16`), float32 elsewhere (no device given: the CPU)."""
     if isinstance(name, torch.dtype):
         return name
     key = name.strip().lower().removeprefix("torch.")
     if key == "auto":
         on_cuda = device is not None and resolve_device(device).type == "cuda"
-        return torch.bfloat16 if on_cuda else torch.float32
+        return torch.bfloat16 if on_cuda or cpu_has_native_bf16() else torch.float32
     if key not in _DTYPES:
         raise ValueError(f"Unknown dtype {name!r}: expected one of 'auto', {', '.join(map(repr, _DTYPES))}.")
     return _DTYPES[key]

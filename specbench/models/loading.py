@@ -116,7 +116,7 @@ def _finish(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) ->
 def load_verifier(
     spec: ModelSpec,
     device: str | torch.device = "auto",
-    dtype: str | torch.dtype = "auto",
+    dtype: str | torch.dtype = "float32",
     placement: Placement | None = None,
 ) -> LoadedModel:
     """Load the verifier described by ``spec`` onto ``device`` in ``dtype`` (eval mode, no grads).
@@ -137,7 +137,7 @@ def load_drafter(
     spec: ModelSpec,
     verifier: LoadedModel,
     device: str | torch.device = "auto",
-    dtype: str | torch.dtype = "auto",
+    dtype: str | torch.dtype = "float32",
     placement: Placement | None = None,
 ) -> LoadedModel | Drafter | None:
     """Load the drafter described by ``spec``; None for kind "none"; for kind "drafter" the

@@ -45,6 +45,9 @@ class ModelSpec:
     # A model drafter drafting trees (docs/eagle3.md, tree drafts): > 1 adds its next tree_width - 1 tokens as
     # leaves at each depth of its chain; verified by the exact sd rule only.
     tree_width: int = 1
+    # A drafter's own draft length: what schedule=constant drafts per round unless schedule.gamma is given
+    # (a lookup drafter's long chains want 10, a small model 3).
+    default_gamma: int = 3
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

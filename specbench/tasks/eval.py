@@ -186,6 +186,8 @@ class EvalTask(Task):
             )
         if cfg.runtime.num_threads is not None:
             torch.set_num_threads(cfg.runtime.num_threads)
+        print(f"device {plan.device}, dtype {str(plan.dtype).removeprefix('torch.')} "
+              f"(runtime.dtype={cfg.runtime.dtype}{dtype_reason(plan) if cfg.runtime.dtype == 'auto' else ''})")
         started = time.perf_counter()
         verifier, drafter = self._load_models(plan)
         try:
@@ -204,6 +206,7 @@ class EvalTask(Task):
             "specbench.drafter": drafter.name if drafter else "none",
             "specbench.shard": f"{cfg.eval.shard_id}/{cfg.eval.num_shards}",
             "specbench.device": str(plan.device),
+            "specbench.dtype": str(plan.dtype).removeprefix("torch."),
             "specbench.num_threads": str(torch.get_num_threads()),
         }
         untrained = self._untrained(plan)
@@ -352,6 +355,15 @@ class EvalTask(Task):
         if plan.method in ("sd2", "distill", "diversed"):
             described["method_checkpoint"] = plan.checkpoint or "none (untrained)"
         return described
+
+
+def dtype_reason(plan: RunPlan) -> str:
+    """Why runtime.dtype=auto chose what it did, for the line eval prints before decoding."""
+    if plan.device.type != "cpu":
+        return ": bf16 off the CPU"
+    from specbench.models.devices import cpu_has_native_bf16
+
+    return ": this CPU has native bf16 dot products" if cpu_has_native_bf16() else ": no native bf16 on this CPU"
 
 
 def check_same_config(saved: Path, cfg: Any) -> None:
