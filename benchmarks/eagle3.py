@@ -21,12 +21,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
+    add_record_options,
     all_identical,
     embedded_verifier,
     engine_runner,
     format_table,
     heldout_questions,
     out_dir,
+    record_speed_run,
     run_all,
     table,
     write_answer_files,
@@ -37,6 +39,7 @@ from specbench.decoding.cost import CostProfile
 from specbench.decoding.cost_aware import CostAwareSchedule
 from specbench.drafters.eagle3_format import load_eagle3_drafter
 from specbench.drafters.fallback import suffix_then_eagle3
+from specbench.drafters.suffix import SuffixDrafter
 from specbench.evaluation import measure_profile
 from specbench.models.early_exit import early_exit_drafter
 
@@ -57,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
-    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    parser.add_argument("--dtype", default="auto", help="auto (as runtime.dtype=auto) | float32 | bfloat16 | float16")
     parser.add_argument("--no-early-exit", action="store_true", help="leave out the early-exit row")
     parser.add_argument(
         "--fallback", default="",
@@ -89,7 +92,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="comma list of WIDTHxGAMMA: a row per entry for the (first) head drafting trees, a chain of GAMMA "
         "drafts with its WIDTH - 1 next most likely tokens as leaves at each depth (docs/eagle3.md, tree drafts)",
     )  # fmt: skip
+    parser.add_argument(
+        "--suffix", action="store_true",
+        help="add the suffix drafter alone (constant γ 10; its global tree seeded from --suffix-cache when given)",
+    )  # fmt: skip
     parser.add_argument("--out-dir", default=None, help="default: outputs/eagle3/TIME")
+    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -107,6 +115,9 @@ def tree_shapes(text: str) -> list[tuple[int, int]]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.suffix_cache and not Path(args.suffix_cache).is_file():
+        raise SystemExit(f"--suffix-cache {args.suffix_cache}: no such file; write one with "
+                         "python -m specbench.drafters.suffix_seed SYNTH_DIR --out FILE")
     torch.set_num_threads(args.threads)
     out = out_dir(args.out_dir, "eagle3")
     verifier, eos, pad, vocab = embedded_verifier(args.device, args.dtype)
@@ -141,15 +152,19 @@ def main(argv=None) -> int:
                 SpeculativeEngine(model, load_eagle3_drafter(path, verifier, vocab),
                                   schedule=DraftSchedule("constant", gamma), **common),
             ))  # fmt: skip
+    if args.suffix:
+        seeded = {"cache_file": args.suffix_cache, "update_cache_file": False} if args.suffix_cache else {}
+        runners.append(engine_runner(
+            "suffix" + ("-seeded" if seeded else ""),
+            SpeculativeEngine(model, SuffixDrafter(num_speculative_tokens=FALLBACK_CAP, **seeded),
+                              schedule=DraftSchedule("constant", FALLBACK_CAP), **common),
+        ))  # fmt: skip
     for width, gamma in tree_shapes(args.trees):
         runners.append(engine_runner(
             f"eagle3-tree-w{width}-g{gamma}",
             SpeculativeEngine(model, load_eagle3_drafter(heads[0], verifier, vocab, tree_width=width),
                               schedule=DraftSchedule("constant", gamma), **common),
         ))  # fmt: skip
-    if args.suffix_cache and not Path(args.suffix_cache).is_file():
-        raise SystemExit(f"--suffix-cache {args.suffix_cache}: no such file; write one with "
-                         "python -m specbench.drafters.suffix_seed SYNTH_DIR --out FILE")
     schedules = [name for name in (n.strip() for n in args.fallback_schedules.split(",")) if name]
     suffixes = {"constant": "", "cost_aware": "-ca", "cost_aware_profile": "-cap"}
     if unknown := sorted(set(schedules) - set(suffixes)):
@@ -200,6 +215,7 @@ def main(argv=None) -> int:
         print(f"{label}: v(n) learned over {s.costs.rounds} rounds (load x{s.costs.load_scale:.2f} the profile's): "
               + " ".join(f"{v:.2f}" for v in verify))
     print(f"answers and figures: {out}")
+    record_speed_run(args, "eagle3", answers, questions, report)
     if args.temperature > 0:
         return 0
     return 0 if all_identical(figures) else 1

@@ -231,7 +231,7 @@ def format_table(figures: dict[str, dict[str, dict]]) -> str:
 
 
 def decode_and_report(runners: list[Runner], tokenizer, questions: list[dict], out: Path, name: str,
-                      report: dict, args=None, headline: Sequence[str] = ()) -> dict[str, dict[str, dict]]:
+                      report: dict, args=None) -> dict[str, dict[str, dict]]:
     """Every runner on every question (:func:`run_all`), its answer files, ``OUT/NAME.json`` (``report`` and
     the figures), the printed table and, given the script's ``args`` (:func:`add_record_options`), its result
     record in results/; returns the figures (against the ``autoregressive`` runner)."""
@@ -242,15 +242,14 @@ def decode_and_report(runners: list[Runner], tokenizer, questions: list[dict], o
     print(format_table(figures))
     print(f"answers and figures: {out}")
     if args is not None:
-        record_speed_run(args, name, answers, questions, report, headline)
+        record_speed_run(args, name, answers, questions, report)
     return figures
 
 
-def record_speed_run(args, name: str, answers: dict[str, list[dict]], questions: list[dict], report: dict,
-                     headline: Sequence[str] = ()) -> None:
+def record_speed_run(args, name: str, answers: dict[str, list[dict]], questions: list[dict], report: dict) -> None:
     """The result record of a side-by-side speed run (:func:`speed_rows`) on held-out Spec-Bench questions."""
     greedy = float(report.get("temperature", 0.0) or 0.0) == 0.0
-    record_run(args, name, speed_rows(answers, "autoregressive", greedy, headline), "spec_bench heldout (first turn)",
+    record_run(args, name, speed_rows(answers, "autoregressive", greedy), "spec_bench heldout (first turn)",
                len(questions), device=str(report.get("device", "cpu")), dtype=str(report.get("dtype", "float32")),
                threads=report.get("threads"))  # fmt: skip
 
@@ -260,8 +259,7 @@ def _ratio_of_means(pairs: Sequence[tuple[float, float]]) -> float:
     return statistics.mean(s for s, _ in pairs) / max(statistics.mean(b for _, b in pairs), 1e-9)
 
 
-def speed_rows(answers: dict[str, list[dict]], baseline: str = "autoregressive", greedy: bool = True,
-               headline: Sequence[str] = ()) -> list[dict]:
+def speed_rows(answers: dict[str, list[dict]], baseline: str = "autoregressive", greedy: bool = True) -> list[dict]:
     """Result-record rows of a :func:`run_all` run: per runner its speedup against ``baseline`` (Spec-Bench's
     ratio of mean tokens/s, with the median per-question ratio and a bootstrap interval over questions), τ
     and tokens/s; ``identical_outputs`` only for greedy runs (sampled outputs differ by design)."""
@@ -280,10 +278,7 @@ def speed_rows(answers: dict[str, list[dict]], baseline: str = "autoregressive",
                 speedup["interval"] = list(bootstrap_interval(pairs, _ratio_of_means))
             figures = {"speedup": speedup, "tau": figure(tokens / steps if steps else 0.0, taus), **figures}
         same = all(r["output_ids"] == reference[r["question_id"]]["output_ids"] for r in answered)
-        row = {"setup": name, "figures": figures, "identical_outputs": same if greedy else None}
-        if name in headline:
-            row["headline"] = True
-        rows.append(row)
+        rows.append({"setup": name, "figures": figures, "identical_outputs": same if greedy else None})
     return rows
 
 

@@ -20,7 +20,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import all_identical, decode_and_report, engine_runner, heldout_questions, hf_runner, out_dir
+from harness import (
+    add_record_options,
+    all_identical,
+    decode_and_report,
+    engine_runner,
+    heldout_questions,
+    hf_runner,
+    out_dir,
+)
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
 from specbench.decoding.cost import CostProfile, measure_verify_ms
@@ -40,6 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-gamma", type=int, default=10, help="longest draft of the cost-aware rows")
     parser.add_argument("--only", default=None, help="comma list of runner names to keep (plus autoregressive)")
     parser.add_argument("--out-dir", default=None, help="default: outputs/model_free/TIME")
+    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -90,8 +99,8 @@ def main(argv=None) -> int:
         runners = [r for r in runners if r.name in keep]
     questions = heldout_questions(args.per_task)
     report = {"questions": len(questions), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-              "profile": profile.to_dict()}  # fmt: skip
-    figures = decode_and_report(runners, tokenizer, questions, out, "model_free", report)
+              "device": "cpu", "dtype": "float32", "profile": profile.to_dict()}  # fmt: skip
+    figures = decode_and_report(runners, tokenizer, questions, out, "model_free", report, args)
     return 0 if all_identical(figures) else 1
 
 

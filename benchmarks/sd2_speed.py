@@ -21,7 +21,14 @@ import torch
 from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import all_identical, decode_and_report, engine_runner, heldout_questions, out_dir
+from harness import (
+    add_record_options,
+    all_identical,
+    decode_and_report,
+    engine_runner,
+    heldout_questions,
+    out_dir,
+)
 from sd2_pipeline import DRAFTERS, ROOT, TAPS, TRAINED_BY
 
 from specbench.config.validate import validate
@@ -57,6 +64,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out")
+    add_record_options(parser)
     args = parser.parse_args()
     run = args.run.resolve()
     drafters = [d for d in args.drafters.split(",") if d]
@@ -88,7 +96,7 @@ def main() -> int:
     questions = heldout_questions(args.per_task)
     report = {"run": str(run), "questions": len(questions), "max_new_tokens": args.max_new_tokens,
               "dtype": args.dtype, "threads": args.threads}  # fmt: skip
-    figures = decode_and_report(runners, verifier.tokenizer, questions, out, "sd2_speed", report)
+    figures = decode_and_report(runners, verifier.tokenizer, questions, out, "sd2_speed", report, args)
     return 0 if all_identical(figures) else 1
 
 

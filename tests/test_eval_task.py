@@ -223,6 +223,21 @@ def test_format_table_rows():
     assert lines[3].split() == ["autoregressive", "1.00", "-", "20.0", "1.00x"]
 
 
+@pytest.mark.parametrize("rate, line", [(1.0, "outputs identical to autoregressive decoding: 100% of prompts"),
+                                        (0.5, "outputs identical to autoregressive decoding: 50% of prompts (a")])
+def test_the_table_says_whether_outputs_equal_autoregressive_decoding_and_where_it_ran(rate, line):
+    metrics = {"method": "sd", "schedule": "constant", "gamma": 10, "tau": 1.4, "acceptance_rate": 0.3,
+               "tokens_per_s": 25.0, "speedup": 1.4, "baseline_new_tokens": 10, "baseline_tokens_per_s": 18.0,
+               "baseline_wall_time_s": 0.5, "verifier": "v", "drafter": "d", "num_samples": 2,
+               "prompt_format": "chat", "new_tokens": 10, "wall_time_s": 0.3, "device": "cpu", "dtype": "bfloat16",
+               "baseline_match_rate": rate}  # fmt: skip
+    lines = format_table(metrics).splitlines()
+    assert lines[-1].startswith(line)
+    assert lines[-2].endswith("(+ baseline 0.50 s)") and " on cpu in bfloat16 " in lines[-2]
+    del metrics["baseline_match_rate"]  # sampled: nothing to compare
+    assert not format_table(metrics).splitlines()[-1].startswith("outputs identical")
+
+
 def test_launch_subprocess_runs_the_tiny_pair(tmp_path):
     run_dir = tmp_path / "run"
     proc = launch(

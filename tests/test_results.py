@@ -120,7 +120,14 @@ def test_the_latest_run_of_each_setup_wins(tmp_path):
     assert "| eagle3 | fallback | 1.60× (median" in readme and "1.20×" not in readme.split("old only")[0]
     page = render_results_page(load_records(tmp_path))
     assert page.count("python benchmarks/eagle3.py --per-task 1") == 2  # two runs hold latest rows
-    assert "| old only | 1.40× (median" in page
+    assert "| old only | speedup 1.40× (median" in page and "| 2 |" in page
+
+
+def test_runs_of_one_date_and_commit_count_in_the_order_they_were_written(tmp_path):
+    for speedup in (1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0):  # files X, X-2, ..., X-10
+        write_record(_record("2026-12-01T10:00:00Z", speedup), tmp_path)
+    (_, _, row), *_ = [item for item in latest_rows(load_records(tmp_path)) if item[2]["setup"] == "fallback"]
+    assert row["figures"]["speedup"]["value"] == 2.0
 
 
 def test_the_cli_renders_checks_and_reports_a_bad_record(tmp_path, monkeypatch, capsys):
@@ -155,3 +162,12 @@ def test_committed_tables_are_what_the_records_render():
         assert path.read_text(encoding="utf-8") == text, (
             f"{path} differs from what results/ renders: run python -m specbench.results render"
         )
+
+
+def test_a_newer_run_that_marks_headlines_replaces_the_older_runs_choice(tmp_path):
+    write_record(_record("2026-12-01T10:00:00Z", 1.4, setup="old name"), tmp_path)
+    assert "| eagle3 | old name | 1.40×" in render_readme_table(load_records(tmp_path))
+    write_record(_record("2026-12-02T10:00:00Z", 1.6, setup="new name"), tmp_path)
+    readme = render_readme_table(load_records(tmp_path))
+    assert "| eagle3 | new name | 1.60×" in readme and "old name" not in readme
+    assert "old name" in render_results_page(load_records(tmp_path))  # still the latest row of its setup

@@ -184,3 +184,15 @@ def test_the_training_console_is_progress_and_results(tmp_path, mlflow_uri):
     ], console  # fmt: skip
     assert console[3].startswith("step 3/4  ") and "mean_draft_weight 0.5" in console[3]
     assert console[-1] == f"trained diversed: step 4, checkpoint {out / 'trained.pt'}"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_dtype_trains_float32_weights_on_a_cpu_even_with_native_bf16(monkeypatch, tmp_path, native):
+    import torch
+
+    from specbench.models import devices
+
+    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: native)
+    overrides = ["task=train", *TINY, *SD2, "runtime.device=cpu", f"train.data={tmp_path}"]
+    assert validate_train(compose_config([*overrides, "runtime.dtype=auto"])).dtype is torch.float32
+    assert validate_train(compose_config([*overrides, "runtime.dtype=bfloat16"])).dtype is torch.bfloat16

@@ -137,6 +137,14 @@ class TrainPlan(_OnDevice):
     data: list[str] = field(default_factory=list)  # sd2 / distill: synthetic dataset dirs
     alias: str | None = None
 
+    @cached_property
+    def dtype(self) -> torch.dtype:
+        """runtime.dtype=auto trains float32 weights on a CPU, even one with native bf16 (bf16 there is for
+        decoding); on CUDA it is bf16, as for decoding."""
+        if self.dtype_name.strip().lower() == "auto" and self.device.type == "cpu":
+            return _dtype("float32", self.device)
+        return _dtype(self.dtype_name, self.device)
+
     def resolve(self) -> TrainPlan:
         """Build device and dtype now (imports torch); raises ConfigError for e.g. a missing GPU."""
         for name in ("device", "dtype"):

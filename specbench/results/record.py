@@ -203,7 +203,14 @@ def load_records(results_dir: str | Path = RESULTS_DIR) -> list[tuple[Path, dict
     """Every record under ``results_dir`` (``*/*.json``), oldest first."""
     paths = sorted(Path(results_dir).glob("*/*.json"))
     records = [(path, load_record(path)) for path in paths]
-    return sorted(records, key=lambda item: (_when(item[1]), str(item[0])))
+    return sorted(records, key=lambda item: (_when(item[1]), _run_number(item[0]), str(item[0])))
+
+
+def _run_number(path: Path) -> int:
+    """Runs written with the same date and commit are ``STAMP-COMMIT.json``, ``STAMP-COMMIT-2.json``, ...
+    in the order they were written."""
+    parts = path.stem.split("-")
+    return int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 1
 
 
 def _when(record: dict[str, Any]) -> datetime:

@@ -24,7 +24,7 @@ def format_number(value: float, unit: str = "") -> str:
         return f"{value:.1f} %"
     if abs(value) >= 100:
         return f"{value:.0f}"
-    return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
+    return f"{value:.4g}" if abs(value) < 10 else f"{value:.1f}"
 
 
 def format_figure(fig: dict[str, Any]) -> str:
@@ -61,57 +61,88 @@ def _doc_link(doc: str, base: Path) -> str:
 
 
 def render_readme_table(records: list[tuple[Path, dict[str, Any]]], base: Path | None = None) -> str:
-    """The README's table: headline rows only, one line each."""
+    """The README's table: the rows marked ``headline`` in each benchmark's latest run that marked any (a
+    newer run's choice replaces an older one's), one line each."""
     lines = [
         "| benchmark | setup | speedup vs AR | τ | same outputs as AR | machine, dtype | run |",
         "|---|---|---|---|---|---|---|",
     ]
-    for path, record, row in latest_rows(records):
-        if not row.get("headline"):
+    headlined: dict[str, Path] = {}  # per benchmark, its latest run that marked headline rows
+    for path, record in records:
+        if any(row.get("headline") for row in record["rows"]):
+            headlined[record["benchmark"]] = path
+    for path, record in records:
+        if headlined.get(record["benchmark"]) != path:
             continue
-        figures = row["figures"]
-        speed = format_figure(figures["speedup"]) if "speedup" in figures else "–"
-        tau = format_number(figures["tau"]["value"]) if "tau" in figures else "–"
-        link = _link(path, base or README.parent)
-        lines.append(f"| {record['benchmark']} | {row['setup']} | {speed} | {tau} | {_identical(row)} | "
-                     f"{_machine(record)} | [{record['date'][:10]}]({link}) |")  # fmt: skip
+        for row in record["rows"]:
+            if not row.get("headline"):
+                continue
+            figures = row["figures"]
+            speed = format_figure(figures["speedup"]) if "speedup" in figures else "–"
+            tau = format_number(figures["tau"]["value"]) if "tau" in figures else "–"
+            link = _link(path, base or README.parent)
+            lines.append(f"| {record['benchmark']} | {row['setup']} | {speed} | {tau} | {_identical(row)} | "
+                         f"{_machine(record)} | [{record['date'][:10]}]({link}) |")  # fmt: skip
     return "\n".join(lines)
 
 
+def _compact(name: str, fig: dict[str, Any]) -> str:
+    """A figure in a table cell: the speedup with its spread, any other figure by its value."""
+    if name == "speedup":
+        return f"{name} {format_figure(fig)}"
+    return f"{name} {format_number(fig['value'], fig.get('unit', ''))}"
+
+
+def script_of(record: dict[str, Any]) -> str | None:
+    """The benchmark script a record's command runs (``benchmarks/NAME.py``); None for other commands."""
+    words = record["command"].split()
+    return next((w for w in words if w.startswith("benchmarks/") and w.endswith(".py")), None)
+
+
+def is_retired(record: dict[str, Any], root: Path | None = None) -> bool:
+    """Whether the script that made the record is gone from the tree (a study that answered its question)."""
+    script = script_of(record)
+    return script is not None and not ((root or ROOT) / script).is_file()
+
+
 def render_results_page(records: list[tuple[Path, dict[str, Any]]], base: Path | None = None) -> str:
-    """``docs/results.md``'s body: per benchmark, per run that holds a latest row, its command and table."""
+    """``docs/results.md``'s body: per live benchmark one table of its setups' latest rows and the runs they
+    come from (date, commit, machine, prompts, record file, command), numbered; then one line per retired
+    study (its script removed) with links to its records."""
     base = base or RESULTS_PAGE.parent
     rows = latest_rows(records)
     parts: list[str] = []
+    retired: dict[str, list[Path]] = {}
     for benchmark in sorted({record["benchmark"] for _, record, _ in rows}):
-        parts.append(f"### {benchmark}")
-        runs: dict[Path, list[dict[str, Any]]] = {}
-        for path, record, row in rows:
-            if record["benchmark"] == benchmark:
-                runs.setdefault(path, []).append(row)
-        for path, picked in runs.items():
-            record = dict(records)[path]
+        picked = [(path, record, row) for path, record, row in rows if record["benchmark"] == benchmark]
+        runs = list(dict.fromkeys(path for path, _, _ in picked))
+        picked.sort(key=lambda item: runs.index(item[0]))  # a run's rows together, in its own order
+        if all(is_retired(record) for _, record, _ in picked):
+            retired[benchmark] = runs
+            continue
+        parts += [f"### {benchmark}", "", "| setup | figures | same as AR | run |", "|---|---|---|---|"]
+        for path, _, row in picked:
+            cells = " · ".join(_compact(name, fig) for name, fig in row["figures"].items())
+            note = f" — {row['notes']}" if row.get("notes") else ""
+            parts.append(f"| {row['setup']} | {cells}{note} | {_identical(row)} | {runs.index(path) + 1} |")
+        parts.append("")
+        for number, path in enumerate(runs, 1):
+            record = next(r for p, r, _ in picked if p == path)
             prompts = record["prompts"]
-            backfilled = " (backfilled from the docs of that commit)" if record.get("backfilled") else ""
-            explained = f"; explained in {_doc_link(record['doc'], base)}" if record.get("doc") else ""
+            backfilled = " (backfilled)" if record.get("backfilled") else ""
+            notes = f" {record['notes']}" if record.get("notes") else ""
             parts.append(
-                f"Run {record['date'][:10]}, commit `{record['commit'][:10]}`{backfilled}, {_machine(record)}, "
-                f"{prompts['count']} prompts ({prompts['set']}); [record]({_link(path, base)}){explained}:"
+                f"{number}. [{record['date'][:10]}]({_link(path, base)}){backfilled} `{record['commit'][:7]}`, "
+                f"{_machine(record)}, {prompts['count']} prompts ({prompts['set']}):{notes} `{record['command']}`"
             )
-            parts.append(f"\n```\n{record['command']}\n```\n")
-            names: list[str] = []
-            for row in picked:
-                names += [n for n in row["figures"] if n not in names]
-            parts.append("| setup | " + " | ".join(names) + " | same outputs as AR |")
-            parts.append("|---" * (len(names) + 2) + "|")
-            for row in picked:
-                cells = [format_figure(row["figures"][n]) if n in row["figures"] else "–" for n in names]
-                parts.append(f"| {row['setup']} | " + " | ".join(cells) + f" | {_identical(row)} |")
-            notes = [f"{row['setup']}: {row['notes']}" for row in picked if row.get("notes")]
-            if record.get("notes"):
-                notes.insert(0, record["notes"])
-            parts.extend(["", *(f"- {note}" for note in notes)] if notes else [])
-            parts.append("")
+        parts.append("")
+    if retired:
+        why = ("Their scripts answered their question and were removed; the records keep the figures, and the "
+               "command runs at the record's commit.")
+        parts += ["### Retired studies", "", why, ""]
+        for benchmark, runs in retired.items():
+            links = ", ".join(f"[{path.stem[:8]}]({_link(path, base)})" for path in runs)
+            parts.append(f"- {benchmark}: {links}")
     return "\n".join(parts).rstrip() + "\n"
 
 

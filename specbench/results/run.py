@@ -16,6 +16,13 @@ def add_record_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-record", action="store_true", help="do not keep this run as a result record")
     parser.add_argument("--results-dir", default=str(RESULTS_DIR),
                         help="where the run's result record goes (default: the project's results/)")  # fmt: skip
+    parser.add_argument("--headline", default="",
+                        help="comma list of setup names (rows) to mark for the README's results table")  # fmt: skip
+
+
+def headline_setups(args: argparse.Namespace) -> list[str]:
+    """The ``--headline`` setup names."""
+    return [name.strip() for name in (getattr(args, "headline", "") or "").split(",") if name.strip()]
 
 
 def record_run(
@@ -33,6 +40,11 @@ def record_run(
     """Write this run's record (unless ``--no-record``) and print where; returns its path."""
     if getattr(args, "no_record", False):
         return None
+    for row in rows:
+        if row["setup"] in headline_setups(args):
+            row["headline"] = True
+    if unknown := sorted(set(headline_setups(args)) - {row["setup"] for row in rows}):
+        print(f"warning: --headline names no row of this run: {unknown}")
     record = make_record(
         benchmark,
         this_command(),

@@ -74,12 +74,17 @@ def format_table(metrics: dict) -> str:
     rows.append(
         f"verifier {metrics['verifier']} | drafter {metrics['drafter']} | {metrics['num_samples']} prompts "
         f"({metrics['prompt_format']}), {metrics['new_tokens']} new tokens in {metrics['wall_time_s']:.2f} s"
+        + (f" on {metrics['device']} in {metrics['dtype']}" if "dtype" in metrics else "")
         + (
             f" (+ baseline {metrics['baseline_wall_time_s']:.2f} s)"
             if "baseline_wall_time_s" in metrics
             else ""
         )
     )
+    if "baseline_match_rate" in metrics and metrics["method"] != "auto":  # greedy runs only
+        rate = metrics["baseline_match_rate"]
+        rows.append(f"outputs identical to autoregressive decoding: {rate:.0%} of prompts"
+                    + ("" if rate == 1.0 else " (a lossless method must give 100 %; lossy rules need not)"))
     if metrics.get("untrained"):
         rows.append(f"note: {metrics['untrained']}")
     return "\n".join(rows)
