@@ -11,16 +11,10 @@ $(BIN)/python:
 setup: $(BIN)/python
 	bash scripts/setup.sh $(VENV)
 
-# The embedded pair with four drafters, each next to autoregressive decoding of the same prompts: the
-# model-free suffix drafter and the committed EAGLE-3 head (both with the cost-aware draft length), the
-# suffix drafter with the head as fallback, the early-exit default. bf16 with the row-invariant CPU forwards (docs/engine.md): on CPUs with native bf16
-# dot products it is faster than float32 and speculative outputs stay identical; DEMO_DTYPE=float32 otherwise.
-DEMO_DTYPE ?= bfloat16
+# The default run on the embedded SmolLM2-135M-Instruct pair: the suffix drafter with the committed EAGLE-3 head as
+# fallback (gamma 10), lossless, next to autoregressive decoding of the same 8 prompts; runtime.dtype=auto.
 demo: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python launch.py model/drafter=suffix-smollm2 schedule=cost_aware runtime.dtype=$(DEMO_DTYPE)
-	HF_HUB_OFFLINE=1 $(BIN)/python launch.py model/drafter=eagle3-smollm2 schedule=cost_aware runtime.dtype=$(DEMO_DTYPE)
-	HF_HUB_OFFLINE=1 $(BIN)/python launch.py model/drafter=suffix-eagle3-smollm2 schedule.gamma=10 runtime.dtype=$(DEMO_DTYPE)
-	HF_HUB_OFFLINE=1 $(BIN)/python launch.py runtime.dtype=$(DEMO_DTYPE)
+	HF_HUB_OFFLINE=1 $(BIN)/python launch.py
 
 # Two pytest workers (the machines have 2 cores; each test runs one torch thread), whole files per worker so
 # a file's module-scoped fixtures load once. TEST_WORKERS=0 runs in one process.

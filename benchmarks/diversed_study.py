@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from diversed_translation import interpolate
+
+from specbench.results import add_record_options, record_run
 
 DEFAULT_HEAD = ROOT / "checkpoints" / "eagle3-smollm2-135m" / "trained.pt"
 
@@ -73,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reuse", help="a --json of an earlier run on the same questions, seeds, γ and length: "
                         "its methods (all but auto) are taken from it, not decoded again (the engine is "
                         "deterministic, so they would be token-identical); their speed is the earlier run's")
+    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -280,6 +284,42 @@ def print_table(rows: dict[str, dict]) -> None:
         print("* reused from --reuse: the same tokens; tok/s and vs AR are that run's")
 
 
+def record_rows(rows: dict[str, dict]) -> list[dict]:
+    """Result-record rows, one per method: its mean draft weight, acceptance, τ, tokens/s, speedup over
+    autoregressive sampling, the verifier's log-likelihood per token and ROUGE-L against the greedy answer
+    (mean over questions with the median and this run's 95 % bootstrap interval over questions), and for
+    the methods judged against the static curve, the gap to it at their acceptance (``*_vs_curve``, with the
+    paired bootstrap interval). Sampled at T = 1: ``identical_outputs`` is null."""
+
+    def over_questions(row: dict, key: str) -> dict:
+        low, high = row[f"{key}_ci"]
+        return {"value": float(row[key]), "median": float(statistics.median(row["per_question"][key])),
+                "interval": [float(low), float(high)]}  # fmt: skip
+
+    out = []
+    for name, row in rows.items():
+        figures: dict[str, dict] = {}
+        if row["mean_draft_weight"] is not None:
+            figures["draft_weight"] = {"value": float(row["mean_draft_weight"])}
+        if name != "auto":
+            figures["acceptance"] = over_questions(row, "acceptance")
+        figures["tau"] = {"value": float(row["tau"])}
+        figures["tokens_per_s"] = {"value": float(row["tokens_per_s"])}
+        if row.get("speedup") is not None:
+            figures["speedup"] = {"value": float(row["speedup"]), "unit": "x"}
+        figures["loglik_per_token"] = over_questions(row, "verifier_logp")
+        figures["rouge_l"] = over_questions(row, "rouge_l")
+        for key, label in (("gap_verifier_logp", "loglik_vs_curve"), ("gap_rouge_l", "rouge_l_vs_curve")):
+            if key in row:
+                point, low, high = row[key]
+                figures[label] = {"value": float(point), "interval": [float(low), float(high)]}
+        entry = {"setup": name, "figures": figures, "identical_outputs": None}
+        if "speed_scale" in row:
+            entry["notes"] = "reused from --reuse: the same tokens; tokens/s and speedup are that run's"
+        out.append(entry)
+    return out
+
+
 def plot(rows: dict[str, dict], path: Path) -> None:
     import matplotlib
 
@@ -420,6 +460,15 @@ def main(argv: list[str] | None = None) -> int:
     save(rows)
     if args.plot:
         plot(rows, Path(args.plot))
+    missing = [seed for seed in seeds if seed not in done]
+    record_run(
+        args, "diversed_study", record_rows(rows),
+        f"spec_bench heldout ({', '.join(tasks)}; first turn), seeds {','.join(map(str, done))}", len(questions),
+        device="cpu", dtype="float32", threads=args.threads, doc="docs/diversed.md#measured-with-the-eagle-3-head",
+        notes=f"drafter {drafter.name}, T = 1, gamma {args.gamma}, {args.max_new_tokens} new tokens; quality: mean over "
+        "questions of the per-question mean over seeds, 95 % bootstrap interval over questions"
+        + (f"; seeds not measured (budget): {missing}" if missing else ""),
+    )
     return 0
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from specbench.results import add_record_options, record_run  # torch-free
+
 PRESET = "cpu-diversed-translation"
 
 
@@ -46,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--json", help="also write the rows and checks to this file")
+    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -98,6 +101,31 @@ def checks(rows: dict[str, dict]) -> list[tuple[str, bool | None, str]]:
                         (f"BLEU {ours['bleu']:.2f} vs {expected:.2f} on the curve at acceptance "
                         f"{ours['acceptance']:.3f}")))  # fmt: skip
     return results
+
+
+def record_rows(rows: dict[str, dict]) -> list[dict]:
+    """Result-record rows, one per method: mean draft weight, acceptance, τ, tokens/s, speedup over
+    autoregressive sampling, corpus BLEU over every seed's outputs (and its lowest and highest seed) and the
+    mean sentence BLEU. Sampled at T = 1: ``identical_outputs`` is null."""
+    auto = rows["auto"]["tokens_per_s"] if "auto" in rows else 0.0
+    out = []
+    for name, row in rows.items():
+        figures: dict[str, dict] = {}
+        if row["draft_weight"] is not None:
+            figures["draft_weight"] = {"value": float(row["draft_weight"])}
+        if name != "auto":
+            figures["acceptance"] = {"value": float(row["acceptance"])}
+        figures["tau"] = {"value": float(row["tau"])}
+        figures["tokens_per_s"] = {"value": float(row["tokens_per_s"])}
+        if auto > 0:
+            figures["speedup"] = {"value": float(row["tokens_per_s"] / auto), "unit": "x"}
+        figures["bleu"] = {"value": float(row["bleu"])}
+        if row["bleu_per_seed"]:
+            figures["bleu_seed_min"] = {"value": float(min(row["bleu_per_seed"]))}
+            figures["bleu_seed_max"] = {"value": float(max(row["bleu_per_seed"]))}
+        figures["sentence_bleu"] = {"value": float(row["sentence_bleu"])}
+        out.append({"setup": name, "figures": figures, "identical_outputs": None})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,6 +228,15 @@ def main(argv: list[str] | None = None) -> int:
             "head": str(head), "prompts": len(prompts), "gamma": gamma, "max_new_tokens": max_new, "seeds": seeds,
             "rows": rows, "checks": [{"check": c, "passed": p, "figures": f} for c, p, f in results],
         }, indent=2) + "\n")  # fmt: skip
+    verdicts = "; ".join(f"{'n/a' if p is None else ('PASS' if p else 'FAIL')} {c}: {f}" for c, p, f in results)
+    record_run(
+        args, "diversed_translation", record_rows(rows),
+        f"spec_bench translation heldout, seeds {','.join(map(str, seeds))}", len(prompts),
+        device=str(verifier.model.device), dtype=str(verifier.model.dtype).removeprefix("torch."),
+        threads=torch.get_num_threads(), doc="docs/diversed.md#measured-on-cpu",
+        notes=f"{drafter.name}, T = 1, gamma {gamma}, {max_new} new tokens; head {head}; methods decode one after "
+        f"another (not interleaved); BLEU: corpus BLEU over every seed's outputs. Checks: {verdicts}",
+    )
     return 0
 
 

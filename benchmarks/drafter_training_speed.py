@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
+
+from specbench.results import add_record_options, record_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "runs" / "drafter-training-speed"))
     parser.add_argument("--keep-cache", action="store_true", help="keep the feature caches (several hundred MB)")
+    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -135,6 +139,29 @@ def run_mode(args, data: Path, mode: str, out: Path, verifier) -> dict:
     }
 
 
+def record_rows(results: list[dict], method: str, draft_vocab_size: int) -> list[dict]:
+    """Result-record rows, one per mode: training tokens/s (response tokens), seconds per step, the speedup
+    over on the fly (training throughput, not decoding), the cache's build time and size, the loss at the
+    end. Training throughput: ``identical_outputs`` is null."""
+    label = "SD²" if method == "sd2" else "distillation"
+    names = {"fly": "on the fly", "cached": "cached, full vocabulary",
+             "vocab": f"cached + draft vocabulary {draft_vocab_size}"}  # fmt: skip
+    base = next((r["tokens_per_s"] for r in results if r["mode"] == "fly"), None)
+    rows = []
+    for r in results:
+        figures = {"tokens_per_s_training": {"value": float(r["tokens_per_s"])},
+                   "s_per_step": {"value": float(r["seconds_per_step"]), "unit": "s"}}  # fmt: skip
+        if base:
+            figures["speedup"] = {"value": float(r["tokens_per_s"] / base), "unit": "x"}
+        if r["mode"] != "fly":
+            figures["cache_build_s"] = {"value": float(r["cache_build_s"]), "unit": "s"}
+            figures["cache_mib"] = {"value": float(r["cache_mb"])}
+        if math.isfinite(r["final_loss"]):
+            figures["final_loss"] = {"value": float(r["final_loss"])}
+        rows.append({"setup": f"{label}, {names[r['mode']]}", "figures": figures, "identical_outputs": None})
+    return rows
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -165,6 +192,16 @@ def main(argv=None) -> int:
         print(f"| {names[r['mode']]} | {r['tokens_per_s']:.0f} | {r['seconds_per_step']:.2f} | {ratio} | {build} | "
               f"{size} | {r['final_loss']:.3f} |")  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    from specbench.data.synth_dataset import DATASET_DIR, METADATA_FILE
+
+    rows = json.loads((data / DATASET_DIR / METADATA_FILE).read_text(encoding="utf-8"))["rows"]
+    record_run(
+        args, "drafter_training_speed", record_rows(results, args.method, args.draft_vocab_size), f"{Path(args.data).name} training rows",
+        rows, device="cpu", dtype=str(plan.dtype).removeprefix("torch."), threads=args.threads,
+        doc="docs/training.md#verifier-feature-cache-and-draft-vocabulary",
+        notes=f"experiment=cpu-sd2, {args.method}, batch 4, steps {args.warmup + 1}..{args.steps} timed; speedup: "
+        f"training throughput over on the fly (not decoding); load average {os.getloadavg()[0]:.2f}",
+    )
     return 0
 
 

@@ -28,6 +28,8 @@ from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEng
 from specbench.decoding.metrics import summarize
 from specbench.evaluation import eos_token_ids, pad_token_id
 from specbench.models import ModelSpec, load_drafter, load_verifier, shared_vocab_size, synchronize
+from specbench.results import add_record_options, bootstrap_interval, record_run
+from specbench.results.record import figure
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -43,6 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is stable on a busy machine)")
     parser.add_argument("--json-out", default=None, help="also write the figures to this JSON file")
+    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -146,7 +149,62 @@ def main(argv=None) -> int:
     _print_report(report)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    record_run(
+        args, "engine_vs_hf", record_rows(report, tokens, times, outputs, _drafter_label(args, drafter)),
+        f"{Path(args.questions).parent.name}/{Path(args.questions).name}, first {len(encoded)}", len(encoded),
+        device=report["device"], dtype=report["dtype"].removeprefix("torch."), threads=torch.get_num_threads(),
+        doc="docs/benchmarks.md#engine-vs-hf-transformers",
+        notes=f"{report['verifier']} / {report['drafter']}, {args.max_new_tokens} new tokens, greedy; speedup "
+        "against HF generate (autoregressive)",
+    )
     return 0 if identical else 1
+
+
+def _drafter_label(args, drafter) -> str:
+    return f"early exit K={args.drafter_layers}" if args.drafter is None else drafter.name
+
+
+def _rate(pairs) -> float:
+    """Aggregate tokens/s of (tokens, seconds) pairs."""
+    return sum(n for n, _ in pairs) / max(sum(t for _, t in pairs), 1e-9)
+
+
+def record_rows(report: dict, tokens: dict[str, list[int]], times: dict[str, list[float]],
+                outputs: dict[str, list], drafter: str) -> list[dict]:
+    """Result-record rows, one per method: tokens/s (aggregate, with the median per prompt and a bootstrap
+    interval over prompts), the speedup against HF generate (the same, per prompt paired) and, for the
+    engine's sd row, τ, acceptance, c, the predicted speedup S, efficiency and the share of time in forwards."""
+    gamma = report["gamma"]
+    setups = {
+        "hf_ar": "HF generate, autoregressive", "hf_assisted": f"HF assisted generation, {drafter}, γ={gamma}",
+        "ours_ar": "specbench autoregressive", "ours_sd": f"specbench sd, {drafter}, γ={gamma}",
+    }  # fmt: skip
+    base = list(zip(tokens["hf_ar"], times["hf_ar"]))
+    rows = []
+    for name, setup in setups.items():
+        own = list(zip(tokens[name], times[name]))
+        speed = figure(_rate(own))
+        speedup = figure(_rate(own) / _rate(base), unit="x")
+        if name == "hf_ar":
+            speedup = figure(1.0, unit="x")  # the reference
+        if len(own) >= 2:
+            speed["median"] = report["throughput"][name]["median_tokens_per_s"]
+            speed["interval"] = list(bootstrap_interval(own, _rate))
+        if len(own) >= 2 and name != "hf_ar":
+            paired = list(zip(own, base))
+            speedup["median"] = statistics.median((n / t) / (nb / tb) for (n, t), (nb, tb) in paired if t > 0 and tb > 0)
+            speedup["interval"] = list(bootstrap_interval(
+                paired, lambda xs: _rate([a for a, _ in xs]) / _rate([b for _, b in xs])))  # fmt: skip
+        figures = {"tokens_per_s": speed, "speedup": speedup}
+        if name == "ours_sd":
+            engine = report["engine"]
+            for key, label in (("tau", "tau"), ("acceptance_rate", "acceptance"), ("cost_ratio", "c"),
+                               ("predicted_speedup", "predicted_speedup"), ("efficiency", "efficiency")):  # fmt: skip
+                if isinstance(engine.get(key), (int, float)) and engine[key] == engine[key]:
+                    figures[label] = figure(engine[key])
+            figures["forward_share"] = figure(100.0 * report["forward_time_share"], unit="%")
+        rows.append({"setup": setup, "figures": figures, "identical_outputs": outputs[name] == outputs["hf_ar"]})
+    return rows
 
 
 def _ours(engine: SpeculativeEngine, ids):

@@ -58,11 +58,14 @@ from harness import (
     TASKS,
     Decoded,
     Runner,
+    add_record_options,
     first_turn_ids,
     format_table,
     heldout_questions,
     out_dir,
+    record_run,
     run_all,
+    speed_rows,
     table,
     task_of,
 )
@@ -72,6 +75,7 @@ from specbench.decoding.fly import FlyRule
 from specbench.decoding.methods import build_rule
 from specbench.evaluation import eos_token_ids, pad_token_id
 from specbench.models import ModelSpec, load_verifier
+from specbench.results.record import figure
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HEAD = ROOT / "checkpoints" / "eagle3-smollm2-135m" / "trained.pt"
@@ -140,6 +144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     parser.add_argument("--out-dir", default=None, help="default: outputs/rules/TIME")
     parser.add_argument("--no-plot", action="store_true")
+    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -280,6 +285,35 @@ def summarise(records: dict[str, list[dict]], figures: dict) -> dict[str, dict]:
             "samples": len(rows), "tokens": tokens,
         }  # fmt: skip
     return summary
+
+
+def record_rows(merged: dict[str, list[dict]], records: dict[str, list[dict]], summary: dict[str, dict],
+                rules: dict[str, dict]) -> list[dict]:
+    """Result-record rows, one per rule: speedup, τ and tokens/s (``harness.speed_rows`` over every question
+    and seed), acceptance, the verifier's log-likelihood per token, its paired difference to autoregressive
+    decoding (median and bootstrap interval over question x seed samples) and, for FLy, deferred drafts per
+    round. Sampled at T = 1, so ``identical_outputs`` is null (outputs differ by design)."""
+    rows = speed_rows(merged, BASELINE, greedy=False)
+    base = {(r["question_id"], r["seed"]): r for r in records[BASELINE]}
+    for row in rows:
+        name, s = row["setup"], summary[row["setup"]]
+        figures = row["figures"]
+        if not math.isnan(s["acceptance"]):
+            figures["acceptance"] = figure(s["acceptance"])
+        if not math.isnan(s["logprob_per_token"]):
+            figures["loglik_per_token"] = figure(s["logprob_per_token"])
+        deltas = [
+            r["logprob"] / r["tokens"] - b["logprob"] / b["tokens"]
+            for r in records[name]
+            if r["tokens"] and (b := base[(r["question_id"], r["seed"])])["tokens"]
+        ]
+        if name != BASELINE and deltas:
+            figures["loglik_delta_vs_ar"] = figure(statistics.mean(deltas), deltas)
+        if s["deferred_per_round"] is not None:
+            figures["deferred_per_round"] = figure(s["deferred_per_round"])
+        described = {k: v for k, v in rules[name].items() if k != "rule"}
+        row["notes"] = f"rule {rules[name].get('rule', 'auto')}" + (f" {json.dumps(described)}" if described else "")
+    return rows
 
 
 def finite(value):
@@ -542,6 +576,14 @@ def main(argv=None) -> int:
     if not args.no_plot:
         plot(out / "rules.png", summary, specs, title)
     print(f"figures: {out / 'rules.json'}" + ("" if args.no_plot else f", plot: {out / 'rules.png'}"))
+    record_run(
+        args, "rules", record_rows(merged, records, summary, rules),
+        f"spec_bench heldout (first turn) x seeds {','.join(map(str, seeds))}", len(questions) * len(seeds),
+        device=str(model.device), dtype=str(model.dtype).removeprefix("torch."), threads=args.threads,
+        doc="docs/rules-block-and-fly.md#benchmark",
+        notes=f"T = 1, gamma {args.gamma}, drafter {drafter_label}, {args.max_new_tokens} new tokens; log-likelihood "
+        "per token under the verifier at T = 1" + "".join(f"; row not run: {p}" for p in problems),
+    )
     return 0
 
 

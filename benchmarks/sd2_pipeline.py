@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -39,6 +40,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from specbench.results import add_record_options, record_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TAPS = "[2,15,27]"  # SmolLM2 has 30 layers: low, mid, high as SD²'s [3, 16, 29] of 32 (and EAGLE-3's taps)
@@ -58,6 +61,8 @@ DRAFTERS = {
 }
 
 TRAINED_BY = {"distilled": "distill", **{name: name for name in TRAININGS if name != "distill"}}  # drafter -> run
+LABELS = {"pretrained": "pretrained", "distilled": "distilled", "sd2": "SD²", "sd2-simple": "SD² simple",
+          "sd2-frozen": "SD² frozen"}  # the drafters' names in the result record  # fmt: skip
 
 
 @dataclass
@@ -135,6 +140,7 @@ def main() -> None:
     parser.add_argument("--budget-min", type=float, help="start no new step after this many minutes")
     parser.add_argument("--plot", type=Path, help="also write the figure here (it is always OUT/sd2_study.png)")
     parser.add_argument("extra", nargs="*", help="more launch.py overrides for every step")
+    add_record_options(parser)
     args = parser.parse_args()
     out = args.out.resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -201,6 +207,77 @@ def main() -> None:
     report(results, speed, curves, runner, out, args.eval_dtype)
     if results or curves:
         plot(results, curves, [out / "sd2_study.png", *([args.plot] if args.plot else [])])
+    rows = record_rows(results, speed, curves)
+    if rows:
+        not_run = runner.failed + runner.skipped
+        record_run(
+            args, "sd2_pipeline", rows, "spec_bench heldout", args.eval_prompts, device="cpu", dtype=args.eval_dtype,
+            threads=1, doc="docs/training.md#result-on-the-embedded-pair",
+            notes=f"experiment=cpu-sd2, {args.steps} training steps per drafter (float32), draft vocabulary "
+            f"{args.draft_vocab_size or 'full'}; evaluations in {args.eval_dtype}, each next to its own autoregressive "
+            "run; T = 1 rows: mean over seeds" + (f"; steps failed or not run: {not_run}" if not_run else ""),
+        )
+    else:
+        print("no evaluation finished: no result record")
+
+
+def _mean(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return statistics.fmean(values) if values else None
+
+
+def _figures(rows: list[dict]) -> dict[str, dict]:
+    keys = [("tau", "tau", ""), ("acceptance_rate", "acceptance", ""),
+            *((f"acceptance_pos_{k}", f"acceptance_pos_{k}", "") for k in range(1, 5)),
+            ("tokens_per_s", "tokens_per_s", ""), ("baseline_tokens_per_s", "ar_tokens_per_s", ""),
+            ("speedup", "speedup", "x")]  # fmt: skip
+    figures = {}
+    for key, name, unit in keys:
+        if (value := _mean(rows, key)) is not None:
+            figures[name] = {"value": value, **({"unit": unit} if unit else {})}
+    return figures
+
+
+def _identical(rows: list[dict], temperature: float) -> bool | None:
+    """Greedy with the exact ``sd`` rule: whether every output matched its autoregressive run; None at T > 0."""
+    match = _mean(rows, "baseline_match_rate")
+    return None if temperature or match is None else match == 1.0
+
+
+def record_rows(results: list[dict], speed: list[dict], curves: dict) -> list[dict]:
+    """Result-record rows: per drafter and temperature (greedy, T = 1 averaged over seeds) τ, acceptance (and
+    per position), tokens/s, the autoregressive run's tokens/s and the speedup; τ of SD² over τ of the
+    distilled drafter; the final ``val/tvd`` of each trained drafter (greedy row); then the greedy rows at
+    the ``--speed-gammas``. SD²'s greedy row is the headline."""
+    rows: list[dict] = []
+    for temperature in sorted({r["temperature"] for r in results}):
+        tau = {d: _mean([r for r in results if r["drafter"] == d and r["temperature"] == temperature], "tau")
+               for d in DRAFTERS}  # fmt: skip
+        for drafter in DRAFTERS:
+            picked = [r for r in results if r["drafter"] == drafter and r["temperature"] == temperature]
+            if not picked:
+                continue
+            gamma = picked[0].get("gamma")
+            setup = (f"{LABELS[drafter]}" + (f", γ={gamma}" if gamma is not None else "")
+                     + (", greedy" if not temperature else f", T={temperature:g}"))  # fmt: skip
+            figures = _figures(picked)
+            if drafter.startswith("sd2") and tau[drafter] and tau["distilled"]:
+                figures["tau_vs_distilled"] = {"value": tau[drafter] / tau["distilled"]}
+            tvd = curves.get(TRAINED_BY.get(drafter, ""), {}).get("val/tvd")
+            if not temperature and tvd:
+                figures["val_tvd"] = {"value": float(tvd[-1][1])}
+            row = {"setup": setup, "figures": figures, "identical_outputs": _identical(picked, temperature)}
+            if temperature:
+                row["notes"] = f"mean over {len(picked)} seed(s): {[r.get('seed') for r in picked]}"
+            if drafter == "sd2" and not temperature:
+                row["headline"] = True
+            rows.append(row)
+    for r in sorted(speed, key=lambda r: (r["gamma"], list(DRAFTERS).index(r["drafter"]))):
+        setup = f"{LABELS[r['drafter']]}, γ={r['gamma']}, greedy"
+        if any(row["setup"] == setup for row in rows):
+            setup += " (speed run)"
+        rows.append({"setup": setup, "figures": _figures([r]), "identical_outputs": _identical([r], 0.0)})
+    return [row for row in rows if row["figures"]]
 
 
 def read_curves(out: Path, trainings: list[str]) -> dict[str, dict[str, list[tuple[int, float]]]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 import uuid
@@ -37,6 +38,8 @@ from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEng
 from specbench.decoding.methods import build_rule, canonical_method
 from specbench.evaluation import build_engines, warm_up
 from specbench.models import ModelSpec, load_drafter, load_verifier
+from specbench.results import add_record_options, bootstrap_interval, record_run
+from specbench.results.record import figure
 
 # Spec-Bench's tasks (speed.py) and the column titles of its leaderboard.
 TASKS = (
@@ -84,6 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--model-id", default=None, help="model id in the answer files (default: the verifier)"
     )
     parser.add_argument("--from-files", nargs=2, metavar=("METHOD", "BASELINE"), help="only print the table")
+    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -169,8 +173,11 @@ def build(args: argparse.Namespace) -> tuple[SpeculativeEngine, SpeculativeEngin
     return engine, baseline, verifier, label
 
 
-def answer_question(engine: SpeculativeEngine, tokenizer, question: dict, turns: str = "all") -> dict:
-    """Spec-Bench's ``choices[0]`` for one question: each turn answered in the conversation so far."""
+def answer_question(
+    engine: SpeculativeEngine, tokenizer, question: dict, turns: str = "all", output_ids: list | None = None
+) -> dict:
+    """Spec-Bench's ``choices[0]`` for one question: each turn answered in the conversation so far (each
+    turn's generated ids are appended to ``output_ids`` when given)."""
     messages: list[dict[str, str]] = []
     choice = {
         "index": 0,
@@ -184,6 +191,8 @@ def answer_question(engine: SpeculativeEngine, tokenizer, question: dict, turns:
         messages.append({"role": "user", "content": text})
         ids, _ = encode_messages(tokenizer, messages)
         result = engine.generate([ids])[0]
+        if output_ids is not None:
+            output_ids.append(list(result.output_ids))
         output = tokenizer.decode(result.output_ids, skip_special_tokens=True).strip()
         messages.append({"role": "assistant", "content": output})
         choice["turns"].append(output)
@@ -204,7 +213,8 @@ def run_benchmark(
     progress: bool = True,
 ) -> tuple[list[dict], list[dict]]:
     """Answers of the method and of the baseline (``model_ids`` name them), each question decoded by both
-    in turn, alternating which goes first."""
+    in turn, alternating which goes first. Each row also holds ``output_ids`` (the generated ids per turn,
+    not written to the answer files)."""
     first_ids, _ = encode_messages(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}])
     for each in (engine, baseline):
         warm_up(each, first_ids)
@@ -212,7 +222,8 @@ def run_benchmark(
     order = [("method", engine), ("baseline", baseline)]
     for number, question in enumerate(questions):
         for name, each in order if number % 2 == 0 else order[::-1]:
-            choice = answer_question(each, tokenizer, question, turns)
+            generated: list[list[int]] = []
+            choice = answer_question(each, tokenizer, question, turns, generated)
             answers[name].append(
                 {
                     "question_id": question["question_id"],
@@ -221,6 +232,7 @@ def run_benchmark(
                     "model_id": model_ids[0] if name == "method" else model_ids[1],
                     "choices": [choice],
                     "tstamp": time.time(),
+                    "output_ids": generated,
                 }
             )
         if progress:
@@ -238,7 +250,8 @@ def run_benchmark(
 
 def write_answers(path: Path, answers: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in answers), encoding="utf-8")
+    lines = [json.dumps({k: v for k, v in row.items() if k != "output_ids"}, ensure_ascii=False) for row in answers]
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
 # -- Spec-Bench's speed table ------------------------------------------------------------------------
@@ -305,6 +318,57 @@ def format_report(table: dict[str, dict], label: str) -> str:
     return "\n".join(lines)
 
 
+# -- the result record -------------------------------------------------------------------------------
+
+
+def _question_speed(row: dict) -> float:
+    return sum(row["choices"][0]["new_tokens"]) / max(sum(row["choices"][0]["wall_time"]), 1e-9)
+
+
+def _ratio_of_means(pairs) -> float:
+    return statistics.mean(s for s, _ in pairs) / max(statistics.mean(b for _, b in pairs), 1e-9)
+
+
+def record_rows(
+    method_rows: list[dict], baseline_rows: list[dict], table: dict[str, dict], label: str, lossless: bool
+) -> list[dict]:
+    """Result-record rows of a run: the baseline's tokens/s, and the method's speedup (Spec-Bench's ratio of
+    mean tokens/s, with the median per-question ratio and a bootstrap interval over questions), speedup per
+    task, τ (#mean accepted tokens) and tokens/s. ``identical_outputs``: whether every turn's token ids equal
+    the baseline's, for a greedy run of a lossless method (None otherwise: sampling or a lossy rule)."""
+    reference = {row["question_id"]: row for row in baseline_rows}
+    pairs = [(_question_speed(r), _question_speed(reference[r["question_id"]])) for r in method_rows]
+    overall = table["overall"]
+    speedup = figure(overall["speedup"], unit="x")
+    if len(pairs) >= 2:
+        speedup["median"] = statistics.median(s / max(b, 1e-9) for s, b in pairs)
+        speedup["interval"] = list(bootstrap_interval(pairs, _ratio_of_means))
+    taus = [statistics.mean(a) for r in method_rows if (a := r["choices"][0]["accept_lengths"])]
+    figures = {"speedup": speedup, "tau": figure(overall["mean_accepted_tokens"], taus),
+               "tokens_per_s": figure(overall["tokens_per_s"], [s for s, _ in pairs])}  # fmt: skip
+    for task, values in table.items():
+        if task != "overall":
+            figures[f"speedup_{task}"] = figure(values["speedup"], unit="x")
+    same = None
+    if lossless and all("output_ids" in r for r in method_rows + baseline_rows):
+        same = all(r["output_ids"] == reference[r["question_id"]]["output_ids"] for r in method_rows)
+    base = {"setup": "autoregressive", "identical_outputs": True if lossless else None,
+            "figures": {"tokens_per_s": figure(overall["baseline_tokens_per_s"], [b for _, b in pairs])}}  # fmt: skip
+    return [base, {"setup": label, "figures": figures, "identical_outputs": same}]
+
+
+def prompt_set(args: argparse.Namespace, questions: list[dict]) -> str:
+    """The questions of the run in words: file, categories, subset and turns."""
+    parts = ["spec_bench" if not args.questions else str(args.questions)]
+    if args.categories:
+        parts.append(f"categories {args.categories}")
+    if args.limit is not None:
+        parts.append(f"{len(questions)} questions" + (f" (seed {args.seed_subset})" if args.seed_subset is not None
+                                                      else ""))  # fmt: skip
+    parts.append("first turn" if args.turns == "first" else "all turns")
+    return ", ".join(parts)
+
+
 def _read_answers(path: str | Path) -> list[dict]:
     return [row for _, row in read_jsonl(path)]
 
@@ -341,6 +405,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(format_report(table, f"{label} ({model_id})"))
     print(f"\nanswers: {method_file}\n         {baseline_file}")
+    lossless = args.temperature == 0.0 and (label == "auto" or bool(engine.rule.lossless))
+    record_run(
+        args, "spec_bench", record_rows(method_rows, baseline_rows, table, label, lossless), prompt_set(args, questions),
+        len(questions), device=str(verifier.model.device), dtype=dtype, threads=torch.get_num_threads(),
+        doc="docs/datasets.md#spec-bench-answer-files-and-table",
+        notes=f"verifier {model_id}, drafter {args.drafter}"
+        + (f" (K = {args.drafter_layers})" if args.drafter == "early-exit" else "")
+        + f", {args.schedule} gamma {args.gamma}, {args.max_new_tokens} new tokens per turn, "
+        f"temperature {args.temperature}",
+    )
     return 0
 
 

@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from specbench.results import add_record_options, record_run  # torch-free, as this script must stay
+from specbench.results.record import figure
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model/verifier=tiny-random", "model/drafter=tiny-random"]
 IMPORT_LAUNCH_PATH = (
@@ -53,6 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="subprocesses per measurement (median)")
     parser.add_argument("--skip-eval", action="store_true", help="only the import and the config error")
+    add_record_options(parser)
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="specbench-startup-"))
@@ -73,6 +77,7 @@ def main() -> None:
         warm.append(f"hydra.run.dir={scratch / 'warm'}")
         timed(warm, env, 0)
     print(f"{'measurement':<36} {'median s':>9} {'runs (s)':<28} decoding s (median)")
+    rows = []
     for case, (label, command, expect, is_eval) in enumerate(cases):
         walls, decodes = [], []
         for run in range(args.runs):
@@ -85,6 +90,22 @@ def main() -> None:
         shown = ", ".join(f"{w:.2f}" for w in walls)
         decode = f"{statistics.median(decodes):.2f}" if decodes else "-"
         print(f"{label:<36} {statistics.median(walls):>9.2f} {shown:<28} {decode}")
+        rows.append(record_row(label, walls, decodes))
+    prompts = ("no prompts: import and config error only (--skip-eval)", 1) if args.skip_eval else (
+        "demo (the tiny-random eval's prompts)", 8)  # fmt: skip
+    record_run(args, "startup", rows, *prompts, device="cpu", dtype="float32", doc="docs/configuration.md",
+               notes=f"median of {args.runs} fresh subprocess(es) per measurement; targets on a 2-core CPU: "
+               "config error <= 3 s, tiny eval <= 10 s")  # fmt: skip
+
+
+def record_row(label: str, walls: list[float], decodes: list[float]) -> dict:
+    """A result-record row of one measurement: the median wall seconds (and the eval's own decoding
+    seconds); every run's seconds in its notes. No outputs to compare (identical_outputs: null)."""
+    figures = {"seconds": figure(statistics.median(walls), unit="s")}
+    if decodes:
+        figures["decoding_seconds"] = figure(statistics.median(decodes), unit="s")
+    notes = "runs (s): " + ", ".join(f"{w:.2f}" for w in walls)
+    return {"setup": label, "figures": figures, "identical_outputs": None, "notes": notes}
 
 
 if __name__ == "__main__":

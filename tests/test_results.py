@@ -171,3 +171,40 @@ def test_a_newer_run_that_marks_headlines_replaces_the_older_runs_choice(tmp_pat
     readme = render_readme_table(load_records(tmp_path))
     assert "| eagle3 | new name | 1.60×" in readme and "old name" not in readme
     assert "old name" in render_results_page(load_records(tmp_path))  # still the latest row of its setup
+
+
+def _eval_run(tmp_path, match_rate=1.0):
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- model/drafter=early-exit\n- gen.max_new_tokens=16\n")
+    samples = [  # per prompt: method 2 tokens/s faster on the first, slower on the second
+        {"output_ids": [1] * 10, "wall_time_s": 1.0, "tokens_per_s": 10.0, "baseline_new_tokens": 10,
+         "baseline_wall_time_s": 2.0, "baseline_tokens_per_s": 5.0},
+        {"output_ids": [1] * 30, "wall_time_s": 1.0, "tokens_per_s": 30.0, "baseline_new_tokens": 30,
+         "baseline_wall_time_s": 1.0, "baseline_tokens_per_s": 30.0},
+    ]  # fmt: skip
+    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    metrics = {"method": "sd", "schedule": "constant", "gamma": 3, "drafter": "d", "tau": 1.2, "acceptance_rate": 0.1,
+               "tokens_per_s": 20.0, "baseline_tokens_per_s": 40 / 3, "speedup": 1.5, "baseline_match_rate": match_rate,
+               "dataset": "demo", "num_samples": 2, "device": "cpu", "dtype": "float32", "num_threads": 1}  # fmt: skip
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    return run
+
+
+def test_an_eval_run_becomes_a_record_with_its_launch_command_and_spread(tmp_path):
+    from specbench.results.from_eval import main, record_from_eval
+
+    record = record_from_eval(_eval_run(tmp_path), "demo", headline=True)
+    assert record["command"] == "python launch.py model/drafter=early-exit gen.max_new_tokens=16"
+    base, method = record["rows"]
+    assert base["setup"] == "autoregressive" and base["figures"]["tokens_per_s"]["value"] == pytest.approx(40 / 3)
+    assert method["setup"] == "sd (constant, gamma=3), drafter d" and method["headline"] is True
+    speedup = method["figures"]["speedup"]
+    assert speedup["value"] == 1.5 and speedup["median"] == 2.0  # per-prompt ratios 2.0 and 1.0
+    assert speedup["interval"][0] <= 1.5 <= speedup["interval"][1]
+    assert method["identical_outputs"] is True
+    assert record_from_eval(_eval_run(tmp_path / "b", 0.5))["rows"][1]["identical_outputs"] is False
+    assert main([str(_eval_run(tmp_path / "c")), "--results-dir", str(tmp_path / "results")]) == 0
+    assert len(load_records(tmp_path / "results")) == 1
+    (tmp_path / "c" / "run" / "metrics.json").write_text("{")
+    assert main([str(tmp_path / "c" / "run"), "--results-dir", str(tmp_path / "results")]) == 2

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from specbench.results.record import load_records
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,7 +49,7 @@ def test_one_run_writes_both_answer_files_and_the_table(tmp_path, question_path,
     code = sb.main(
         [
             "--questions", str(question_path), "--verifier", "tiny-random", "--drafter", "tiny-random",
-            "--max-new-tokens", "8", "--out-dir", str(out), "--limit", "3",
+            "--max-new-tokens", "8", "--out-dir", str(out), "--limit", "3", "--results-dir", str(tmp_path / "results"),
         ]
     )  # fmt: skip
     assert code == 0
@@ -83,6 +85,36 @@ def test_one_run_writes_both_answer_files_and_the_table(tmp_path, question_path,
     assert sb.main(["--from-files", str(method_file), str(baseline_file)]) == 0
     again = capsys.readouterr().out
     assert f"Speedup ratio:  {speed['tasks']['overall']['speedup']:.4f}" in again
+    # One result record (and only the one run's: --from-files records nothing), its rows what was printed.
+    records = load_records(tmp_path / "results")
+    assert len(records) == 1
+    path, record = records[0]
+    assert path.parent.name == record["benchmark"] == "spec_bench" and f"result record: {path}" in printed
+    assert record["prompts"]["count"] == 3 and record["machine"]["device"] == "cpu"
+    assert [r["setup"] for r in record["rows"]] == ["autoregressive", "sd-constant-gamma3"]
+    base, sd = record["rows"]
+    overall = speed["tasks"]["overall"]
+    assert sd["figures"]["speedup"]["value"] == pytest.approx(overall["speedup"])
+    assert f"{sd['figures']['speedup']['value']:.2f}x" == cells[-1]
+    assert sd["figures"]["tau"]["value"] == pytest.approx(overall["mean_accepted_tokens"])
+    assert f"{sd['figures']['tau']['value']:.2f}" == cells[-2]
+    assert sd["figures"]["tokens_per_s"]["value"] == pytest.approx(overall["tokens_per_s"])
+    assert base["figures"]["tokens_per_s"]["value"] == pytest.approx(overall["baseline_tokens_per_s"])
+    low, high = sd["figures"]["speedup"]["interval"]
+    assert low <= high and "median" in sd["figures"]["speedup"]
+    assert sd["figures"]["speedup_translation"]["value"] == pytest.approx(speed["tasks"]["translation"]["speedup"])
+    assert sd["identical_outputs"] is True and base["identical_outputs"] is True  # greedy sd: lossless
+
+
+def test_no_record_writes_no_record(tmp_path, question_path):
+    code = sb.main(
+        [
+            "--questions", str(question_path), "--verifier", "tiny-random", "--drafter", "tiny-random",
+            "--max-new-tokens", "4", "--out-dir", str(tmp_path / "answers"), "--limit", "2", "--no-record",
+            "--results-dir", str(tmp_path / "results"),
+        ]
+    )  # fmt: skip
+    assert code == 0 and not (tmp_path / "results").exists()
 
 
 def test_speed_matches_spec_bench_definition():

@@ -166,11 +166,21 @@ def test_torch_free_checks_accept_what_the_library_accepts(what, values):
     assert verdicts(what, values) == (None, None)
 
 
-def test_the_startup_benchmark_prints_its_timings():
+def test_the_startup_benchmark_prints_its_timings(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "startup.py"), "--runs", "1", "--skip-eval"],
+        [sys.executable, str(ROOT / "benchmarks" / "startup.py"), "--runs", "1", "--skip-eval",
+         "--results-dir", str(tmp_path)],
         cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, check=False,
         timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "import of the launch path" in proc.stdout and "config error" in proc.stdout
+    # its result record: one row per measurement, the median seconds printed
+    from specbench.results.record import load_records
+
+    [(path, record)] = load_records(tmp_path)
+    assert record["benchmark"] == "startup" and f"result record: {path}" in proc.stdout
+    assert [row["setup"] for row in record["rows"]] == ["import of the launch path", "config error (schedule.gamma=0)"]
+    for row in record["rows"]:
+        printed = next(line for line in proc.stdout.splitlines() if line.startswith(row["setup"]))
+        assert printed.split()[-3] == f"{row['figures']['seconds']['value']:.2f}" and row["identical_outputs"] is None
