@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU readiness check: on a machine with an NVIDIA GPU and no hub access, set up (or reuse .venv), run the
 # GPU tests, the engine-vs-HF benchmark in bf16 and the embedded pair with the committed EAGLE-3 head, and
-# write every figure to one JSON file ($OUT/gpu_check.json, else outputs/gpu_check.json). Budget: < 8 min.
+# write every figure to one JSON file ($OUT/gpu_check.json, else outputs/gpu_check.json) and the benchmarks' result
+# records to $OUT/results (copy them into results/ to render them). Budget: < 8 min.
 #   bash benchmarks/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,11 +19,11 @@ timeout 180 "$PY" -m pytest -q -m gpu -p no:cacheprovider >"$OUT_DIR/gpu_pytest.
 echo $? >"$OUT_DIR/gpu_pytest.rc"
 log "engine vs HF (bf16, cuda)"
 timeout 150 "$PY" benchmarks/engine_vs_hf.py --questions ../shared/data/spec_bench/question.jsonl --num-prompts 10 \
-  --device cuda --dtype bfloat16 --json-out "$OUT_DIR/gpu_engine_vs_hf.json" >"$OUT_DIR/gpu_engine_vs_hf.log" 2>&1
+  --device cuda --dtype bfloat16 --json-out "$OUT_DIR/gpu_engine_vs_hf.json" --results-dir "$OUT_DIR/results" >"$OUT_DIR/gpu_engine_vs_hf.log" 2>&1
 echo $? >"$OUT_DIR/gpu_engine_vs_hf.rc"
 log "EAGLE-3 head on the embedded pair (bf16, cuda)"
 timeout 150 "$PY" benchmarks/eagle3.py --device cuda --dtype bfloat16 --per-task 2 --max-new-tokens 128 \
-  --out-dir "$OUT_DIR/gpu_eagle3" >"$OUT_DIR/gpu_eagle3.log" 2>&1
+  --gammas 3 --fallback 2 --suffix --out-dir "$OUT_DIR/gpu_eagle3" --results-dir "$OUT_DIR/results" >"$OUT_DIR/gpu_eagle3.log" 2>&1
 echo $? >"$OUT_DIR/gpu_eagle3.rc"
 "$PY" - "$OUT_DIR" <<'PY'
 import json, sys
