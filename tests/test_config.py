@@ -90,9 +90,13 @@ def test_defaults():
     cfg = compose_config()
     assert cfg.task._target_ == "specbench.tasks.eval.EvalTask"
     assert cfg.model.verifier.kind == "embedded"
-    assert (cfg.model.drafter.kind, cfg.model.drafter.num_layers) == ("early_exit", 4)
+    # the fastest lossless drafter measured on the embedded pair, at its own draft length
+    assert (cfg.model.drafter.kind, cfg.model.drafter.name) == ("drafter", "suffix-eagle3-smollm2-135m")
     assert cfg.method.name == "sd"
-    assert (cfg.schedule.name, cfg.schedule.gamma) == ("constant", 3)
+    assert (cfg.schedule.name, cfg.schedule.gamma) == ("constant", 10)
+    early = compose_config(["model/drafter=early-exit"])  # the teaching drafter keeps gamma 3
+    assert (early.model.drafter.kind, early.model.drafter.num_layers, early.schedule.gamma) == ("early_exit", 4, 3)
+    assert compose_config(["model/drafter=early-exit", "schedule.gamma=5"]).schedule.gamma == 5
     assert cfg.dataset.name == "demo"
     assert OmegaConf.to_container(cfg.gen) == {
         "max_new_tokens": 64,
@@ -118,7 +122,7 @@ def test_defaults():
         "tags": {},
     }
     assert OmegaConf.to_container(cfg.runtime) == {
-        "device": "auto", "dtype": "float32", "num_threads": None, "tp_plan": None,
+        "device": "auto", "dtype": "auto", "num_threads": None, "tp_plan": None,
     }  # fmt: skip
     assert OmegaConf.get_type(cfg.method) is MethodConfig
 
@@ -243,12 +247,12 @@ def test_a_tree_width_is_checked_against_the_rule_before_any_model_loads(overrid
 
 
 def test_a_model_drafter_takes_a_tree_width_for_the_exact_rule_only():
-    plan = validate(compose_config(["model.drafter.tree_width=3"]))  # the default early-exit drafter
+    plan = validate(compose_config(["model/drafter=early-exit", "model.drafter.tree_width=3"]))
     assert plan.drafter.tree_width == 3
     with pytest.raises(ConfigError, match=r"^model.drafter.tree_width=3: trees of drafts .* not method=typical"):
-        validate(compose_config(["model.drafter.tree_width=3", "method=typical"]))
+        validate(compose_config(["model/drafter=early-exit", "model.drafter.tree_width=3", "method=typical"]))
     with pytest.raises(ConfigError, match=r"^model.drafter.tree_width=-1: an integer >= 1"):
-        validate(compose_config(["model.drafter.tree_width=-1"]))
+        validate(compose_config(["model/drafter=early-exit", "model.drafter.tree_width=-1"]))
 
 
 def test_trained_methods_validate_with_their_parts():
