@@ -44,9 +44,9 @@ from harness import (
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
 from specbench.decoding.cache import CachedModel
 from specbench.decoding.drafting import BatchState, DraftSampler
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.warping import Warping
-from specbench.drafters.draft_vocab import DraftVocab, load_draft_vocab
-from specbench.drafters.model import ModelDrafter
+from specbench.models.draft_vocab import DraftVocab, load_draft_vocab
 from specbench.models.early_exit import early_exit_drafter
 from specbench.models.pair import tokenizer_hash
 

@@ -34,38 +34,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 # Imports known to break the rules, to be emptied: (importer, imported) pairs pointing up, cycles as sorted
 # tuples of modules, and modules over MAX_LINES.
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    ("specbench.decoding.cost_aware", "specbench.drafters.base"),
-    ("specbench.decoding.diversed", "specbench.drafters.base"),
-    ("specbench.decoding.engine", "specbench.drafters.base"),
-    ("specbench.decoding.engine", "specbench.drafters.model"),
-    ("specbench.decoding.methods", "specbench.drafters.build"),
-    ("specbench.decoding.tree", "specbench.drafters.base"),
-    ("specbench.drafters.trained", "specbench.evaluation"),
-    ("specbench.models.loading", "specbench.drafters.base"),
-    ("specbench.models.loading", "specbench.drafters.build"),
-    ("specbench.models.loading", "specbench.drafters.draft_vocab"),
-}
-KNOWN_CYCLES: set[tuple[str, ...]] = {
-    (
-        "specbench.data.dataset_config",
-        "specbench.data.dataset_sources",
-        "specbench.data.dataset_specs",
-        "specbench.data.dataset_subsets",
-    ),
-    ("specbench.training.drafter", "specbench.training.features"),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
 KNOWN_LONG: set[str] = {
-    "specbench.config.validate",
     "specbench.drafters.eagle3",
     "specbench.drafters.eagle3_format",
     "specbench.drafters.suffix",
-    "specbench.evaluation",
     "specbench.pipelines.synthesize",
     "specbench.tasks.eval",
     "specbench.tracking.run",
-    "specbench.training.drafter",
-    "specbench.training.features",
 }
 
 

@@ -3,6 +3,7 @@
 Importing this package only registers the schemas; it loads no model and touches no file.
 """
 
+from specbench.config.plans import RunPlan
 from specbench.config.schema import (
     Config,
     DatasetConfig,
@@ -17,7 +18,8 @@ from specbench.config.schema import (
     TaskConfig,
 )
 from specbench.config.store import register_configs
-from specbench.config.validate import ConfigError, DatasetNotFoundError, RunPlan, validate
+from specbench.config.validate import validate
+from specbench.errors import ConfigError, DatasetNotFoundError
 
 register_configs()
 

@@ -1,7 +1,7 @@
 """EAGLE-3 drafter head (SpecForge / vLLM conventions) and its :class:`Drafter`.
 
 The head reads verifier hidden states at a few *taps* (anchors-2026.md §2; the tap convention of
-``specbench/drafters/base.py``: ``taps[i]`` is the residual stream after ``i`` decoder layers, before the
+``specbench/decoding/protocol.py``: ``taps[i]`` is the residual stream after ``i`` decoder layers, before the
 final norm). Defaults are EAGLE-3's low / mid / high features, ``(2, N // 2, N - 3)`` for an ``N``-layer
 verifier: SpecForge's ``hidden_states[1 + 1], [N // 2 - 1 + 1], [N - 4 + 1]`` (layer outputs 1, N/2 − 1,
 N − 4) and vLLM's aux layers ``(2, N // 2, N - 3)`` (layer inputs) are the same tensors.
@@ -38,9 +38,9 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specbench.decoding.cache import CachedModel
+from specbench.decoding.protocol import Drafter, Proposal, VerifierNeeds, VerifierView
 from specbench.decoding.tree import chain_with_leaves, top_leaves
-from specbench.drafters.base import Drafter, Proposal, VerifierNeeds, VerifierView
-from specbench.drafters.draft_vocab import DraftVocab
+from specbench.models.draft_vocab import DraftVocab
 from specbench.values import check_tree_width
 
 WIDENED = ("q_proj", "k_proj", "v_proj")

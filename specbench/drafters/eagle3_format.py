@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from specbench.drafters.draft_vocab import DraftVocab
 from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head, default_taps, resolve_taps
 from specbench.models.checkpoints import resolve_project_path
+from specbench.models.draft_vocab import DraftVocab
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -37,7 +37,7 @@ from typing import Protocol
 import torch
 
 from specbench.decoding.drafting import BatchState, DraftSampler
-from specbench.drafters.base import Drafter, Proposal, VerifierView
+from specbench.decoding.protocol import Drafter, Proposal, VerifierView
 from specbench.drafters.token_history import RowHistories, proposal_from_lists
 from specbench.models.checkpoints import resolve_project_path
 

@@ -24,7 +24,7 @@ _EXPORTS = {
     "KINDS": "spec",
     "ModelSpec": "spec",
     "LoadedModel": "loading",
-    "load_drafter": "loading",
+    "pair_vocab_size": "loading",
     "load_verifier": "loading",
     "PairMismatchError": "pair",
     "shared_vocab_size": "pair",

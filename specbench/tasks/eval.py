@@ -14,9 +14,11 @@ from typing import IO, TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from specbench.config.validate import ConfigError, RunPlan, validate
+from specbench.config.plans import RunPlan
+from specbench.config.validate import validate
 from specbench.data.dataset_config import dataset_settings
 from specbench.data.prompts import Prompt
+from specbench.errors import ConfigError
 from specbench.tasks.base import (
     Task,
     check_writable,
@@ -307,7 +309,8 @@ class EvalTask(Task):
         return {**data.describe(), **score_run(out / SAMPLES_FILE, prompts, metric, stops, options)}
 
     def _load_models(self, plan: RunPlan) -> tuple[LoadedModel, LoadedModel | None]:
-        from specbench.models.loading import load_drafter, load_verifier
+        from specbench.models.loading import load_verifier
+        from specbench.pairs import load_drafter
 
         verifier = load_verifier(plan.verifier, plan.device, plan.dtype, placement=verifier_placement(self.cfg, plan))
         drafter = load_drafter(plan.drafter, verifier, plan.device, plan.dtype) if plan.drafter else None

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from specbench.config.validate import ConfigError, RunPlan, validate_synth
+from specbench.config.plans import RunPlan
+from specbench.config.validate import validate_synth
 from specbench.data.dataset_config import dataset_settings
+from specbench.errors import ConfigError
 from specbench.tasks.base import Task, check_writable, load_task_prompts, output_dir, verifier_placement
 
 if TYPE_CHECKING:

@@ -29,19 +29,11 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from specbench.drafters.draft_vocab import draft_vocab_for, vocab_metadata
 from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head, compact, resolve_taps
-from specbench.training.drafter import SyntheticDataModule
-from specbench.training.features import (
-    FeatureCache,
-    TargetSpec,
-    build_feature_cache,
-    cache_identity,
-    collate_cached,
-    dense_targets,
-    open_feature_cache,
-    verifier_batch,
-)
+from specbench.models.draft_vocab import draft_vocab_for, vocab_metadata
+from specbench.training.batches import TargetSpec, dense_targets, verifier_batch
+from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
+from specbench.training.synth_data import SyntheticDataModule, collate_cached
 from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
 from specbench.values import EAGLE3_INIT_LAYERS
 
