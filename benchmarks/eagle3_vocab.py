@@ -35,8 +35,9 @@ from harness import embedded_verifier, engine_runner, heldout_questions, run_all
 
 from specbench.data.synth_dataset import load_synthetic
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
-from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head
+from specbench.drafters.eagle3 import Eagle3Drafter
 from specbench.drafters.eagle3_format import load_eagle3_drafter
+from specbench.drafters.eagle3_head import Eagle3Head
 from specbench.evaluation import measure_profile
 from specbench.models.draft_vocab import draft_vocab_for
 

@@ -30,7 +30,8 @@ from specbench.evaluation import build_engines
 from specbench.models.draft_vocab import DraftVocab
 from specbench.models.loading import LoadedModel, ModelSpec, load_verifier
 from specbench.models.tiny import EOS_ID, PAD_ID, byte_tokenizer, tiny_random_model
-from specbench.pipelines.synthesize import SynthSettings, synthesize
+from specbench.pipelines.synth_plan import SynthSettings
+from specbench.pipelines.synthesize import synthesize
 from specbench.tracking import NULL_TRACKER
 from specbench.training.drafter import build_drafter_training, steering_sources
 from specbench.training.features import FeatureCacheMismatch

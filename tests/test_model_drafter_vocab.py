@@ -316,7 +316,8 @@ def tiny_loaded(num_layers=2):
 
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory):
-    from specbench.pipelines.synthesize import SynthSettings, synthesize
+    from specbench.pipelines.synth_plan import SynthSettings
+    from specbench.pipelines.synthesize import synthesize
 
     prompts = [Prompt(i, f"{w} stone {i}") for i, w in enumerate(["apple", "river", "cloud", "violin"] * 3)]
     settings = SynthSettings(target_len=40, max_prompt_len=30, temperature=1.0, batch_size=6, validation_fraction=0.2)
@@ -327,7 +328,7 @@ def synth_dir(tmp_path_factory):
 
 def save_vocab_checkpoint(path, vocab: DraftVocab, **overrides):
     """A checkpoint holding a draft vocabulary as task=train method=eagle3 saves it (head_metadata)."""
-    from specbench.drafters.eagle3 import Eagle3Head
+    from specbench.drafters.eagle3_head import Eagle3Head
     from specbench.training.eagle3 import head_metadata
 
     loaded = tiny_loaded(num_layers=8)

@@ -36,7 +36,8 @@ from specbench.drafters.prompt_lookup import PromptLookupDrafter
 from specbench.drafters.suffix import SuffixDrafter
 from specbench.models import ModelSpec, load_verifier
 from specbench.models.tiny import EOS_ID, byte_tokenizer, tiny_random_model
-from specbench.pipelines.synthesize import SynthSettings, synthesize
+from specbench.pipelines.synth_plan import SynthSettings
+from specbench.pipelines.synthesize import synthesize
 from specbench.serving.openai_backend import (
     OpenAIBackend,
     ServerSettings,

@@ -121,7 +121,7 @@ def validate_synth(cfg: DictConfig) -> RunPlan:
     The plan samples from the verifier alone (method ``auto``, no drafter); ``settings.max_new_tokens``
     is the most a row can get (``synth.target_len - 1``). Raises ConfigError naming the bad key.
     """
-    from specbench.pipelines.synthesize import SynthSettings
+    from specbench.pipelines.synth_plan import SynthSettings
 
     synth = checked("synth", SynthSettings.from_config, cfg.synth)
     gen = {

@@ -29,7 +29,7 @@ class SynthTask(Task):
 
     def check(self) -> None:
         from specbench.evaluation import shard_indices
-        from specbench.pipelines.synthesize import SynthSettings
+        from specbench.pipelines.synth_plan import SynthSettings
         from specbench.serving.openai_backend import ServerSettings
 
         self.plan = validate_synth(self.cfg)
@@ -68,7 +68,8 @@ class SynthTask(Task):
         from specbench.data.synth_dataset import METADATA_FILE
         from specbench.data.synth_rows import SynthDataError
         from specbench.models.loading import load_verifier
-        from specbench.pipelines.synthesize import SynthSettings, synthesize
+        from specbench.pipelines.synth_plan import SynthSettings
+        from specbench.pipelines.synthesize import synthesize
         from specbench.serving.openai_backend import backend_for, verifier_without_weights
 
         if self.plan is None:  # called directly (not through run_task)
@@ -128,7 +129,7 @@ class SynthTask(Task):
     def _check_existing(self, out: Path | None, plan: RunPlan) -> None:
         """A rows file of this shard in ``out`` must come from the same settings (else ConfigError)."""
         from specbench.data.synth_rows import SynthDataError
-        from specbench.pipelines.synthesize import SynthSettings, check_resumable, run_identity
+        from specbench.pipelines.synth_plan import SynthSettings, check_resumable, run_identity
 
         if out is None or not self.cfg.synth.resume:
             return
