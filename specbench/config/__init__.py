@@ -1,4 +1,6 @@
-"""Structured configs registered in Hydra's ConfigStore, and validation before any model loads.
+"""Structured configs registered in Hydra's ConfigStore, and validation before any model loads: the entry
+points in validate.py, the checks per group (checks, model_checks, steering_checks, train_checks,
+draft_vocab, methods) and the plans they return (plans.py).
 
 Importing this package only registers the schemas; it loads no model and touches no file.
 """

@@ -1,4 +1,6 @@
-"""Model loading, tiny test models, the embedded SmolLM2 model, early-exit drafters and pair checks.
+"""Models: loading verifiers and drafter models, tiny test models, the embedded SmolLM2 model, early-exit
+drafters, hidden-state taps, sharding, reduced draft vocabularies and the checks that a pair shares one
+vocabulary (a drafter named by config is loaded by :func:`specbench.pairs.load_drafter`).
 
 The names below are imported on first use (PEP 562), so importing a torch-free submodule such as
 ``specbench.models.spec`` or ``specbench.models.embedded`` does not import torch (config validation
