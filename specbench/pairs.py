@@ -91,26 +91,13 @@ def load_drafter(
     dtype: str | torch.dtype = "auto",
     placement: Placement | None = None,
 ) -> LoadedModel | Drafter | None:
-    """Load the drafter described by ``spec``; None for kind "none"; for kind "drafter" the
-    :class:`~specbench.decoding.protocol.Drafter` its ``target`` builds (:func:`build_drafter`).
-
-    An early-exit drafter shares the verifier's weights, so it lives on the verifier's device and dtype
-    (a different explicit request is an error) and uses the verifier's tokenizer. ``placement``: the
-    drafter's own device_map (default: what ``spec`` asks for); a drafter next to a sharded verifier takes
-    its inputs on the verifier's first device. A model drafter with ``spec.draft_vocab_size`` /
-    ``spec.draft_vocab`` gets its reduced draft vocabulary (``LoadedModel.draft_vocab``,
-    :func:`specbench.models.loading.drafter_vocab`).
-    """
-    from specbench.models.loading import drafter_vocab, load_model_drafter
+    """The drafter ``spec`` describes, next to ``verifier``: for kind "drafter" the
+    :class:`~specbench.decoding.protocol.Drafter` its ``target`` builds (:func:`build_drafter`), for a model
+    kind the loaded model (:func:`specbench.models.loading.load_drafter`), None for kind "none"."""
+    from specbench.models import loading
     from specbench.models.pair import verifier_vocab_size
 
-    if spec.kind == "none":
-        return None
     if spec.kind == "drafter":
         vocab = verifier_vocab_size(verifier.model, verifier.tokenizer)
         return build_drafter(spec.target, dict(spec.params or {}), verifier, vocab, spec.name or None)
-    wants_vocab = spec.draft_vocab_size is not None or spec.draft_vocab is not None
-    vocab = drafter_vocab(spec, verifier) if wants_vocab else None  # before the drafter's weights load
-    loaded = load_model_drafter(spec, verifier, device, dtype, placement)
-    loaded.draft_vocab = vocab
-    return loaded
+    return loading.load_drafter(spec, verifier, device, dtype, placement)

@@ -1,7 +1,8 @@
 """Load verifier and drafter models (hub id, local dir, embedded SmolLM2, tiny random, early exit).
 
-A drafter named by a config (``kind: drafter``, or any drafter with its verifier) is loaded by
-:func:`specbench.pairs.load_drafter`, above the drafters."""
+A ``kind: drafter`` drafter (a Drafter class named by its ``target``) is built by
+:func:`specbench.pairs.load_drafter`, above the drafters, which loads every other kind through
+:func:`load_drafter` here."""
 
 from __future__ import annotations
 
@@ -160,15 +161,44 @@ def drafter_vocab(spec: ModelSpec, verifier: LoadedModel, key: str = "model.draf
     return vocab
 
 
-def load_model_drafter(
+def load_drafter(
+    spec: ModelSpec,
+    verifier: LoadedModel,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    placement: Placement | None = None,
+) -> LoadedModel | None:
+    """Load the drafter model described by ``spec`` (hub / local / embedded / tiny random / early exit);
+    None for kind "none". A ``kind: drafter`` spec names a Drafter class, which
+    :func:`specbench.pairs.load_drafter` builds (it loads every kind).
+
+    An early-exit drafter shares the verifier's weights, so it lives on the verifier's device and dtype
+    (a different explicit request is an error) and uses the verifier's tokenizer. ``placement``: the
+    drafter's own device_map (default: what ``spec`` asks for); a drafter next to a sharded verifier takes
+    its inputs on the verifier's first device. A model drafter with ``spec.draft_vocab_size`` /
+    ``spec.draft_vocab`` gets its reduced draft vocabulary (``LoadedModel.draft_vocab``, :func:`drafter_vocab`).
+    """
+    if spec.kind == "none":
+        return None
+    if spec.kind == "drafter":
+        raise ValueError(
+            f"model/drafter: kind='drafter' names a Drafter class ({spec.target!r}); build it with "
+            "specbench.pairs.load_drafter"
+        )
+    wants_vocab = spec.draft_vocab_size is not None or spec.draft_vocab is not None
+    vocab = drafter_vocab(spec, verifier) if wants_vocab else None  # before the drafter's weights load
+    loaded = _load_model_drafter(spec, verifier, device, dtype, placement)
+    loaded.draft_vocab = vocab
+    return loaded
+
+
+def _load_model_drafter(
     spec: ModelSpec,
     verifier: LoadedModel,
     device: str | torch.device,
     dtype: str | torch.dtype,
     placement: Placement | None,
 ) -> LoadedModel:
-    """Load a drafter model (hub / local / embedded / tiny random / early exit) next to ``verifier``; see
-    :func:`specbench.pairs.load_drafter`."""
     placement = placement or Placement.of(spec, key="model.drafter")
     device = resolve_device(device)
     if _is_placed(verifier.model):  # the engine runs where the verifier takes its inputs
