@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     from specbench.decoding import DraftSchedule, EnsembleRule, GenerationSettings, VerificationRule
     from specbench.decoding.diversed import load_diversed_rule
     from specbench.evaluation import build_engines, compare
-    from specbench.models.loading import ModelSpec, load_drafter, load_verifier
+    from specbench.models.loading import ModelSpec, load_verifier
+    from specbench.pairs import load_drafter
     from specbench.scoring import score_samples
 
     if args.threads:

@@ -80,7 +80,7 @@ def train_config(args, data: Path, mode: str, out: Path):
     from hydra import compose, initialize_config_dir
 
     import specbench.config  # noqa: F401  (registers the schemas)
-    from specbench.config.validate import validate_train
+    from specbench.config.train_checks import validate_train
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides(args, data, mode, out))
@@ -92,8 +92,9 @@ def run_mode(args, data: Path, mode: str, out: Path, verifier) -> dict:
     import torch
     from lightning.pytorch.callbacks import Callback
 
-    from specbench.evaluation import eos_token_ids, pad_token_id, pair_vocab_size
-    from specbench.models.loading import load_drafter
+    from specbench.evaluation import eos_token_ids, pad_token_id
+    from specbench.models.loading import pair_vocab_size
+    from specbench.pairs import load_drafter
     from specbench.tracking import NULL_TRACKER
     from specbench.training.drafter import build_drafter_training
     from specbench.training.trainer import build_trainer

@@ -27,7 +27,8 @@ from specbench.data.templates import encode_prompt
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine, VerificationRule
 from specbench.decoding.metrics import summarize
 from specbench.evaluation import eos_token_ids, pad_token_id
-from specbench.models import ModelSpec, load_drafter, load_verifier, shared_vocab_size, synchronize
+from specbench.models import ModelSpec, load_verifier, shared_vocab_size, synchronize
+from specbench.pairs import load_drafter
 from specbench.results import add_record_options, bootstrap_interval, record_run
 from specbench.results.record import figure
 

@@ -33,7 +33,8 @@ from sd2_pipeline import DRAFTERS, ROOT, TAPS, TRAINED_BY
 
 from specbench.config.validate import validate
 from specbench.evaluation import build_engines
-from specbench.models.loading import load_drafter, load_verifier
+from specbench.models.loading import load_verifier
+from specbench.pairs import load_drafter
 from specbench.tasks.base import verifier_placement
 from specbench.tasks.method_parts import load_method_parts
 

@@ -37,7 +37,8 @@ from specbench.data.prompts import read_jsonl, subset
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
 from specbench.decoding.methods import build_rule, canonical_method
 from specbench.evaluation import build_engines, warm_up
-from specbench.models import ModelSpec, load_drafter, load_verifier
+from specbench.models import ModelSpec, load_verifier
+from specbench.pairs import load_drafter
 from specbench.results import add_record_options, bootstrap_interval, record_run
 from specbench.results.record import figure
 

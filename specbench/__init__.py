@@ -1,3 +1,3 @@
-"""specbench: a speculative-decoding research framework."""
+"""specbench: a speculative-decoding research framework (its layers: docs/architecture.md)."""
 
 __version__ = "0.1.0"

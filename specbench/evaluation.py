@@ -15,14 +15,13 @@ from specbench.decoding.cost import CostProfile
 from specbench.decoding.cost_aware import CostAwareSchedule
 from specbench.decoding.engine import GenerationSettings, RoundRecord, SampleResult, SpeculativeEngine
 from specbench.decoding.metrics import summarize
+from specbench.decoding.model_drafter import ModelDrafter
+from specbench.decoding.protocol import Drafter
 from specbench.decoding.rules import VerificationRule
 from specbench.decoding.schedules import DraftSchedule
-from specbench.drafters.base import Drafter
-from specbench.drafters.model import ModelDrafter
 from specbench.drafters.sd2 import SD2Drafter
 from specbench.drafters.steering import SteeredDrafter
-from specbench.models.loading import LoadedModel
-from specbench.models.pair import shared_vocab_size, verifier_vocab_size
+from specbench.models.loading import LoadedModel, pair_vocab_size
 
 WARMUP_TOKENS = 4
 
@@ -73,14 +72,6 @@ def pad_token_id(tokenizer: PreTrainedTokenizerBase, eos_ids: Sequence[int]) -> 
     if tokenizer.pad_token_id is not None:
         return int(tokenizer.pad_token_id)
     return int(eos_ids[0]) if eos_ids else 0
-
-
-def pair_vocab_size(verifier: LoadedModel, drafter: LoadedModel | Drafter | None) -> int:
-    """The vocabulary p and q are compared over: the verifier's tokenizer (within its LM head), checked
-    against a loaded drafter model's (:func:`shared_vocab_size` raises PairMismatchError)."""
-    if isinstance(drafter, LoadedModel):
-        return shared_vocab_size(verifier.model, drafter.model, verifier.tokenizer, drafter.tokenizer)
-    return verifier_vocab_size(verifier.model, verifier.tokenizer)
 
 
 def build_engines(

@@ -312,8 +312,8 @@ def test_l2_regulariser_moves_the_mean_weight_to_the_target():
 
 def test_rollout_samples_the_pool_and_carries_the_heads_graph():
     from specbench.decoding.cache import CachedModel
+    from specbench.decoding.model_drafter import ModelDrafter
     from specbench.decoding.warping import Warping
-    from specbench.drafters.model import ModelDrafter
 
     vocab = 259
     head = WeightHead(32, 64)
@@ -421,7 +421,8 @@ def _letters(texts, items):
 
 def _fit(tmp_path, max_steps: int, resume: bool):
     from specbench.data.datasets import load_dataset_prompts
-    from specbench.models.loading import load_drafter, load_verifier
+    from specbench.models.loading import load_verifier
+    from specbench.pairs import load_drafter
 
     cfg = _train_config(tmp_path, max_steps)
     verifier = load_verifier(ModelSpec(**cfg.model.verifier), "cpu", "float32")

@@ -12,11 +12,12 @@ import torch
 from specbench.decoding import GenerationSettings, SpeculativeEngine
 from specbench.decoding.cache import CachedModel
 from specbench.decoding.diversed import WeightHead
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.warping import Warping
-from specbench.drafters.draft_vocab import DraftVocab
-from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head
-from specbench.drafters.model import ModelDrafter
+from specbench.drafters.eagle3 import Eagle3Drafter
+from specbench.drafters.eagle3_head import Eagle3Head
 from specbench.drafters.prompt_lookup import PromptLookupDrafter
+from specbench.models.draft_vocab import DraftVocab
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 from specbench.training.diversed_rollout import rollout
 
@@ -136,7 +137,8 @@ def _train_config(tmp_path, *drafter):
 
 
 def test_diversed_training_accepts_an_eagle_head_and_refuses_a_lookup_drafter(tmp_path):
-    from specbench.config.validate import ConfigError, validate_train
+    from specbench.config.train_checks import validate_train
+    from specbench.errors import ConfigError
 
     head = tmp_path / "head.pt"
     head.write_bytes(b"")  # validation only checks that it exists (nothing loads)
@@ -183,7 +185,7 @@ def test_the_rollouts_verifier_log_likelihood_is_the_teacher_forced_one():
 
 
 def test_the_verifier_likelihood_reward_needs_no_references_and_the_regulariser_alone_raises_the_weight(tmp_path):
-    from specbench.config.validate import validate_train
+    from specbench.config.train_checks import validate_train
     from specbench.data.prompts import Prompt
     from specbench.models.loading import LoadedModel, ModelSpec
     from specbench.models.tiny import byte_tokenizer

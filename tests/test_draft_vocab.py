@@ -1,4 +1,4 @@
-"""Draft vocabularies (specbench/drafters/draft_vocab.py): SpecForge's most_common + padding rule, the
+"""Draft vocabularies (specbench/models/draft_vocab.py): SpecForge's most_common + padding rule, the
 d2t / t2d maps and their round trips, and q = 0 outside the draft vocabulary (so the ``sd`` rule stays
 exact: closed form of the emitted-token distribution)."""
 
@@ -11,7 +11,7 @@ import torch
 
 from specbench.decoding.rules import VerificationRule
 from specbench.decoding.warping import Warping
-from specbench.drafters.draft_vocab import DraftVocab, count_response_tokens
+from specbench.models.draft_vocab import DraftVocab, count_response_tokens
 
 
 def test_most_frequent_response_tokens_with_ties_broken_by_id():

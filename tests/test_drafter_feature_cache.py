@@ -25,12 +25,13 @@ from specbench.config.draft_vocab import trained_vocab_spec
 from specbench.data.prompts import Prompt
 from specbench.data.synth_dataset import load_synthetic
 from specbench.decoding import DraftSchedule, GenerationSettings, VerificationRule
-from specbench.drafters.draft_vocab import DraftVocab
 from specbench.drafters.trained import CheckpointMismatchError, load_trained_drafter
 from specbench.evaluation import build_engines
+from specbench.models.draft_vocab import DraftVocab
 from specbench.models.loading import LoadedModel, ModelSpec, load_verifier
 from specbench.models.tiny import EOS_ID, PAD_ID, byte_tokenizer, tiny_random_model
-from specbench.pipelines.synthesize import SynthSettings, synthesize
+from specbench.pipelines.synth_plan import SynthSettings
+from specbench.pipelines.synthesize import synthesize
 from specbench.tracking import NULL_TRACKER
 from specbench.training.drafter import build_drafter_training, steering_sources
 from specbench.training.features import FeatureCacheMismatch
@@ -163,7 +164,7 @@ def test_cached_loss_and_gradient_equal_the_live_ones(verifier, synth_dir, vocab
 def test_cached_taps_are_the_live_ones_at_the_steering_sources(verifier, synth_dir, tmp_path):
     """The gathered SD² source features (``steering_sources`` over the cached taps) are the verifier's own
     taps at those positions, for both offset modes."""
-    from specbench.training.features import verifier_targets
+    from specbench.training.batches import verifier_targets
 
     cached = first_batch(build(config(synth_dir, tmp_path / "features"), "sd2", verifier)[1])
     live = verifier_targets(verifier.model, cached, V_LAYERS, None)["features"]

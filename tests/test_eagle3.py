@@ -25,18 +25,21 @@ from specbench.decoding.engine import GenerationSettings, SpeculativeEngine
 from specbench.decoding.schedules import DraftSchedule
 from specbench.decoding.warping import Warping
 from specbench.drafters.base import VerifierView
-from specbench.drafters.draft_vocab import DraftVocab
-from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head, default_taps, resolve_taps
+from specbench.drafters.eagle3 import Eagle3Drafter
 from specbench.drafters.eagle3_format import (
     Eagle3FormatError,
     export_eagle3,
     load_eagle3_drafter,
     load_eagle3_pretrained,
 )
+from specbench.drafters.eagle3_head import Eagle3Head, default_taps, resolve_taps
+from specbench.models.draft_vocab import DraftVocab
 from specbench.models.loading import LoadedModel, ModelSpec, load_verifier
 from specbench.models.pair import CheckpointMismatchError
 from specbench.models.tiny import EOS_ID, PAD_ID, byte_tokenizer, tiny_random_model
-from specbench.pipelines.synthesize import SynthSettings, synthesize
+from specbench.pipelines.synth_plan import SynthSettings
+from specbench.pipelines.synthesize import synthesize
+from specbench.training.batches import TargetSpec, verifier_batch, verifier_taps
 from specbench.training.eagle3 import (
     build_eagle3_training,
     collate,
@@ -46,12 +49,9 @@ from specbench.training.eagle3 import (
 )
 from specbench.training.features import (
     FeatureCacheMismatch,
-    TargetSpec,
     build_feature_cache,
     cache_identity,
     open_feature_cache,
-    verifier_batch,
-    verifier_taps,
 )
 from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
 
@@ -88,7 +88,7 @@ def data(synth_dir):
 
 
 def batch_of(rows, verifier, taps, vocab, top_k=None):
-    from specbench.training.drafter import pad_batch
+    from specbench.training.batches import pad_batch
 
     batch = pad_batch([dict(r) for r in rows], PAD_ID)
     return {**batch, **verifier_batch(verifier.model, batch, taps, TargetSpec(vocab, top_k))}

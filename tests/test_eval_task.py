@@ -14,8 +14,11 @@ import specbench.config  # noqa: F401  (registers the schemas)
 from specbench.config import ConfigError
 from specbench.decoding import DraftSchedule, GenerationSettings, VerificationRule
 from specbench.evaluation import build_engines, compare, eos_token_ids, evaluate, pad_token_id
-from specbench.models import ModelSpec, load_drafter, load_verifier
-from specbench.tasks.eval import EvalTask, SampleWriter, format_table
+from specbench.models import ModelSpec, load_verifier
+from specbench.pairs import load_drafter
+from specbench.tasks.eval import EvalTask
+from specbench.tasks.eval_files import SampleWriter
+from specbench.tasks.results import format_table
 
 TINY = ["model/verifier=tiny-random", "model/drafter=tiny-random", "gen.max_new_tokens=8", "dataset.limit=3"]
 REQUIRED_METRICS = {

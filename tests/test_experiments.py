@@ -147,7 +147,7 @@ def test_preset_composes_with_one_override_and_validates(name, tmp_path):
             validate(cfg)
         local = ["model/verifier=tiny-random", "model/drafter=tiny-random", "dataset=demo"]
         if expected["method"] == "eagle3":  # a training recipe: validate it as task=train on a tiny verifier
-            from specbench.config.validate import validate_train
+            from specbench.config.train_checks import validate_train
 
             (tmp_path / "synth").mkdir()
             train = ["model/verifier=tiny-random", "task=train", f"train.data={tmp_path / 'synth'}"]

@@ -10,8 +10,8 @@ from specbench.decoding.cost import CostProfile
 from specbench.decoding.cost_aware import CostAwareSchedule
 from specbench.decoding.drafting import BatchState
 from specbench.decoding.engine import SpeculativeEngine
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.drafters.fallback import FallbackDrafter
-from specbench.drafters.model import ModelDrafter
 from specbench.drafters.suffix import SuffixDrafter
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 

@@ -20,7 +20,8 @@ from specbench.decoding.schedules import DraftSchedule
 from specbench.decoding.warping import Warping
 from specbench.drafters.ngram import NgramDrafter
 from specbench.drafters.prompt_lookup import PromptLookupDrafter
-from specbench.drafters.suffix import PySuffixTree, SuffixDrafter, _f32, arctic_available
+from specbench.drafters.suffix import SuffixDrafter, arctic_available
+from specbench.drafters.suffix_tree import PySuffixTree, _f32
 from specbench.drafters.token_history import FirstOccurrenceIndex
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 

@@ -23,17 +23,18 @@ from specbench.config import ConfigError, validate
 from specbench.data.prompts import Prompt
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine, VerificationRule
 from specbench.decoding.drafting import BatchState, DraftSampler
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.warping import Warping
 from specbench.drafters.base import VerifierView
-from specbench.drafters.draft_vocab import DraftVocab, load_draft_vocab
-from specbench.drafters.model import ModelDrafter
 from specbench.drafters.sd2 import SD2Drafter
 from specbench.drafters.steering import SteeredDrafter, resolve_spec
 from specbench.evaluation import build_engines, measure_profile
-from specbench.models import ModelSpec, load_drafter, load_verifier
+from specbench.models import ModelSpec, load_verifier
+from specbench.models.draft_vocab import DraftVocab, load_draft_vocab
 from specbench.models.early_exit import early_exit_drafter
 from specbench.models.pair import tokenizer_hash
 from specbench.models.tiny import EOS_ID, PAD_ID, byte_tokenizer, tiny_random_model
+from specbench.pairs import load_drafter
 
 VOCAB = 259  # the byte tokenizer's size (the tiny LM heads have 320 rows, the rest padding)
 PROMPTS = [[65], [72, 101, 108], [1, 2, 3, 4, 5, 6], [200, 17, 99, 3, 45, 250, 11, 8, 77]]
@@ -315,7 +316,8 @@ def tiny_loaded(num_layers=2):
 
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory):
-    from specbench.pipelines.synthesize import SynthSettings, synthesize
+    from specbench.pipelines.synth_plan import SynthSettings
+    from specbench.pipelines.synthesize import synthesize
 
     prompts = [Prompt(i, f"{w} stone {i}") for i, w in enumerate(["apple", "river", "cloud", "violin"] * 3)]
     settings = SynthSettings(target_len=40, max_prompt_len=30, temperature=1.0, batch_size=6, validation_fraction=0.2)
@@ -326,7 +328,7 @@ def synth_dir(tmp_path_factory):
 
 def save_vocab_checkpoint(path, vocab: DraftVocab, **overrides):
     """A checkpoint holding a draft vocabulary as task=train method=eagle3 saves it (head_metadata)."""
-    from specbench.drafters.eagle3 import Eagle3Head
+    from specbench.drafters.eagle3_head import Eagle3Head
     from specbench.training.eagle3 import head_metadata
 
     loaded = tiny_loaded(num_layers=8)
@@ -419,7 +421,7 @@ def test_valid_sources_pass_validation_and_distill_sd2_training_take_them(source
     for extra in (["model.drafter.draft_vocab={saved}"], ["model.drafter.draft_vocab={synth}", "model.drafter.draft_vocab_size=64"]):
         plan = validate(compose_config(TINY + [o.format(**sources) for o in extra]))
         assert plan.drafter.draft_vocab is not None
-    from specbench.config.validate import validate_train
+    from specbench.config.train_checks import validate_train
 
     vocab = [f"model.drafter.draft_vocab={sources['saved']}", f"train.data={sources['synth']}"]
     for method in (["method=distill"], ["method=sd2", "steering=sd2"]):  # trained over it (tests/test_drafter_feature_cache.py)

@@ -21,7 +21,6 @@ from specbench.models import (
     embedded,
     embedded_gguf_path,
     embedded_model_dir,
-    load_drafter,
     load_verifier,
     resolve_device,
     resolve_dtype,
@@ -32,6 +31,7 @@ from specbench.models import (
     tokenizer_hash,
 )
 from specbench.models.tiny import EOS_ID
+from specbench.pairs import load_drafter
 
 CUDA = torch.cuda.is_available()
 PARIS_PROMPT = [{"role": "user", "content": "What is the capital of France?"}]

@@ -28,15 +28,16 @@ from specbench.data.dataset_config import dataset_settings
 from specbench.data.datasets import load_dataset_prompts
 from specbench.data.synth_dataset import load_synthetic
 from specbench.decoding.drafting import BatchState, DraftSampler
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.schedules import DraftSchedule
 from specbench.decoding.warping import Warping
-from specbench.drafters.model import ModelDrafter
 from specbench.drafters.ngram import NgramDrafter
 from specbench.drafters.prompt_lookup import PromptLookupDrafter
 from specbench.drafters.suffix import SuffixDrafter
 from specbench.models import ModelSpec, load_verifier
 from specbench.models.tiny import EOS_ID, byte_tokenizer, tiny_random_model
-from specbench.pipelines.synthesize import SynthSettings, synthesize
+from specbench.pipelines.synth_plan import SynthSettings
+from specbench.pipelines.synthesize import synthesize
 from specbench.serving.openai_backend import (
     OpenAIBackend,
     ServerSettings,

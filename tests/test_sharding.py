@@ -24,7 +24,7 @@ from specbench.decoding.rules import VerificationRule
 from specbench.decoding.schedules import DraftSchedule
 from specbench.drafters.prompt_lookup import PromptLookupDrafter
 from specbench.evaluation import build_engines
-from specbench.models.loading import ModelSpec, load_drafter, load_verifier
+from specbench.models.loading import ModelSpec, load_verifier
 from specbench.models.sharding import (
     Placement,
     PlacementError,
@@ -34,6 +34,7 @@ from specbench.models.sharding import (
     world,
 )
 from specbench.models.tiny import byte_tokenizer, tiny_random_model
+from specbench.pairs import load_drafter
 
 PROMPTS = [b"Assistant: the cat sat on the mat, the cat", b"User: hi", b"User: list three primes: 2, 3,"]
 LAYER_1_ON_DISK = {

@@ -22,7 +22,8 @@ from specbench.drafters.suffix import SuffixDrafter, write_cache
 from specbench.drafters.suffix_seed import main, seed_cache
 from specbench.models.loading import ModelSpec, load_verifier
 from specbench.models.tiny import EOS_ID, PAD_ID
-from specbench.pipelines.synthesize import SynthSettings, synthesize
+from specbench.pipelines.synth_plan import SynthSettings
+from specbench.pipelines.synthesize import synthesize
 from specbench.tasks.eval import EvalTask
 
 NEW_TOKENS = 24

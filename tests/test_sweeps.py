@@ -14,8 +14,10 @@ import specbench.tasks.eval as eval_module
 from specbench.config import ConfigError, validate
 from specbench.decoding import DraftSchedule, GenerationSettings, VerificationRule
 from specbench.evaluation import build_engines, compare, shard_indices, summarize_samples
-from specbench.models import ModelSpec, load_drafter, load_verifier
-from specbench.tasks.eval import EvalTask, SampleWriter, read_samples
+from specbench.models import ModelSpec, load_verifier
+from specbench.pairs import load_drafter
+from specbench.tasks.eval import EvalTask
+from specbench.tasks.eval_files import SampleWriter, read_samples
 from specbench.tracking import PARENT_FILE, PARENT_TAG
 
 TINY = ["model/verifier=tiny-random", "model/drafter=tiny-random"]

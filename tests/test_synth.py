@@ -19,7 +19,8 @@ from specbench.data.datasets import encode_sample, load_dataset_prompts
 from specbench.data.synth_dataset import METADATA_FILE, dataset_path, load_synthetic, save_dataset
 from specbench.data.synth_rows import SynthDataError, make_row, read_rows, rows_path, split_rows
 from specbench.models import ModelSpec, load_verifier
-from specbench.pipelines.synthesize import SynthSettings, batch_seed, plan_batches, synthesize
+from specbench.pipelines.synth_plan import SynthSettings, batch_seed, plan_batches
+from specbench.pipelines.synthesize import synthesize
 from specbench.tasks.synth import SynthTask
 
 # Demo prompts encode to 48..67 tokens with the byte tokenizer; "summarize" (184) is skipped.

@@ -11,7 +11,8 @@ from specbench.data.datasets import load_dataset_prompts
 from specbench.data.synth_dataset import load_synthetic
 from specbench.data.synth_rows import SynthDataError, read_rows, rows_path
 from specbench.models import ModelSpec, load_verifier
-from specbench.pipelines.synthesize import SynthSettings, synthesize
+from specbench.pipelines.synth_plan import SynthSettings
+from specbench.pipelines.synthesize import synthesize
 
 SETTINGS = SynthSettings(target_len=88, max_prompt_len=80, batch_size=4, validation_fraction=0.2, seed=7,
                          responses_per_prompt=3, max_new_tokens=12)

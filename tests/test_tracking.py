@@ -16,7 +16,8 @@ from specbench.config import ConfigError
 from specbench.tasks.base import run_task
 from specbench.tasks.eval import EvalTask
 from specbench.tracking import NULL_TRACKER, RUN_FILE, run_name, store, task_kind, task_run
-from specbench.tracking.run import Tracker, config_params, flatten, numeric_metrics, safe_name
+from specbench.tracking.naming import config_params, flatten, numeric_metrics, safe_name
+from specbench.tracking.run import Tracker
 
 TINY = ["model/verifier=tiny-random", "model/drafter=tiny-random", "gen.max_new_tokens=6", "dataset.limit=3"]
 
@@ -325,7 +326,7 @@ def test_a_report_run_is_named_after_the_report_and_logs_its_own_groups(mlflow_u
 
 def test_run_name_heads_name_the_task_not_an_unrelated_method():
     from specbench.tasks.synth import SynthTask
-    from specbench.tracking.run import name_head
+    from specbench.tracking.naming import name_head
 
     assert name_head(compose_config(["method.name=static_en"]), "eval") == "static_ensemble"
     assert name_head(compose_config(["task=report"]), "report") == "report"

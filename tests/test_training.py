@@ -25,14 +25,9 @@ from specbench.models.early_exit import early_exit_drafter
 from specbench.models.loading import LoadedModel, ModelSpec
 from specbench.models.taps import record_states
 from specbench.models.tiny import EOS_ID, PAD_ID, byte_tokenizer, tiny_random_model
-from specbench.training.drafter import (
-    DrafterTraining,
-    SyntheticDataModule,
-    divergence,
-    pad_batch,
-    predict_mask,
-    steering_sources,
-)
+from specbench.training.batches import pad_batch
+from specbench.training.drafter import DrafterTraining, divergence, predict_mask, steering_sources
+from specbench.training.synth_data import SyntheticDataModule
 from specbench.training.trainer import build_trainer, export_trained, last_checkpoint, warmup_cosine_lr
 
 V_LAYERS = [1, 2, 4]

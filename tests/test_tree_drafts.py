@@ -223,7 +223,7 @@ class _Recording:
 
 
 def _model_tree_drafter(verifier, width, fresh=False):
-    from specbench.drafters.model import ModelDrafter
+    from specbench.decoding.model_drafter import ModelDrafter
     from specbench.models.early_exit import early_exit_drafter
 
     class Recorded(_Recording, ModelDrafter):

@@ -1,8 +1,11 @@
-"""Structured configs registered in Hydra's ConfigStore, and validation before any model loads.
+"""Structured configs registered in Hydra's ConfigStore, and validation before any model loads: the entry
+points in validate.py, the checks per group (checks, model_checks, steering_checks, train_checks,
+draft_vocab, methods) and the plans they return (plans.py).
 
 Importing this package only registers the schemas; it loads no model and touches no file.
 """
 
+from specbench.config.plans import RunPlan
 from specbench.config.schema import (
     Config,
     DatasetConfig,
@@ -17,7 +20,8 @@ from specbench.config.schema import (
     TaskConfig,
 )
 from specbench.config.store import register_configs
-from specbench.config.validate import ConfigError, DatasetNotFoundError, RunPlan, validate
+from specbench.config.validate import validate
+from specbench.errors import ConfigError, DatasetNotFoundError
 
 register_configs()
 

@@ -1,6 +1,6 @@
 """Torch-free checks of a model drafter's reduced draft vocabulary (``draft_vocab_size`` / ``draft_vocab``).
 
-The vocabulary itself is built when the drafter loads (:func:`specbench.drafters.draft_vocab.load_draft_vocab`);
+The vocabulary itself is built when the drafter loads (:func:`specbench.models.draft_vocab.load_draft_vocab`);
 what can be told without torch or a model is checked here first: the kind of model, the size, whether the
 source exists and is a ``task=synth`` output or a checkpoint that saved a vocabulary, and whether their sizes
 agree. The tokenizer the source was made with is compared when the verifier's tokenizer has loaded.

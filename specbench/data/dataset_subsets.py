@@ -4,12 +4,9 @@ id, decided before ``limit`` / ``seed``."""
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specbench.data.dataset_specs import _ROW_ID_FIELDS, SUBSETS
-
-if TYPE_CHECKING:
-    from specbench.data.dataset_config import DatasetSettings
+from specbench.data.dataset_specs import _ROW_ID_FIELDS, SUBSETS, DatasetSettings
 
 
 def heldout_score(dataset_name: str, prompt_id: Any) -> float:

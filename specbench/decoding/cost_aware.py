@@ -30,7 +30,7 @@ import torch
 
 from specbench.decoding.cost import CostProfile
 from specbench.decoding.learned_cost import LearnedCosts
-from specbench.drafters.base import Proposal
+from specbench.decoding.protocol import Proposal
 
 # Match-length buckets: 0 (no match / model drafter), 1, 2, 3, 4-5, 6-8, 9-15, 16+.
 MATCH_BUCKET_EDGES = (1, 2, 3, 4, 6, 9, 16)

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from specbench.decoding.protocol import Drafter
 from specbench.decoding.rules import EnsembleRule
-from specbench.drafters.base import Drafter
 from specbench.models.loading import LoadedModel
 from specbench.models.pair import CheckpointMismatchError, metadata_differences, tokenizer_hash
 

@@ -1,7 +1,7 @@
 """The decoding loop shared by every method (methods.md §2–3).
 
 A method is a drafter (or none) + a verification rule + a draft schedule. Each round the drafter proposes
-up to γ' tokens per row (:mod:`specbench.drafters.base`), the verifier runs once over [last token, drafts],
+up to γ' tokens per row (:mod:`specbench.decoding.protocol`), the verifier runs once over [last token, drafts],
 the rule accepts a prefix and one correction or bonus token is emitted. With no drafter the same loop is
 autoregressive decoding. The engine knows drafters only through their interface: which verifier outputs
 they read (taken from the forwards that run anyway), what they propose, and what was kept.
@@ -17,12 +17,12 @@ from transformers import PreTrainedModel
 
 from specbench.decoding.cache import CachedModel, ForwardOutput
 from specbench.decoding.drafting import BatchState, DraftSampler
+from specbench.decoding.protocol import Drafter, Proposal, VerifierNeeds, VerifierView
 from specbench.decoding.rules import VerificationRule
 from specbench.decoding.schedules import DraftSchedule
 from specbench.decoding.tree import check_parents, verify_tree
 from specbench.decoding.verification import verify_round
 from specbench.decoding.warping import Warping
-from specbench.drafters.base import Drafter, Proposal, VerifierNeeds, VerifierView
 from specbench.models.devices import synchronize
 from specbench.values import GENERATION_DEFAULTS, check_generation
 
@@ -93,7 +93,7 @@ def as_drafter(drafter: Drafter | PreTrainedModel | None, vocab_size: int) -> Dr
     """A :class:`Drafter` for ``drafter``: a transformers model becomes a :class:`ModelDrafter`."""
     if drafter is None or isinstance(drafter, Drafter):
         return drafter
-    from specbench.drafters.model import ModelDrafter
+    from specbench.decoding.model_drafter import ModelDrafter
 
     return ModelDrafter(drafter, vocab_size)
 
@@ -134,8 +134,8 @@ def emitted_log_likelihoods(
 class SpeculativeEngine:
     """Generate with a verifier, an optional drafter, a verification rule and a draft schedule.
 
-    ``drafter``: a :class:`~specbench.drafters.base.Drafter`, a transformers causal LM (wrapped in a
-    :class:`~specbench.drafters.model.ModelDrafter`), or None for autoregressive decoding.
+    ``drafter``: a :class:`~specbench.decoding.protocol.Drafter`, a transformers causal LM (wrapped in a
+    :class:`~specbench.decoding.model_drafter.ModelDrafter`), or None for autoregressive decoding.
     """
 
     def __init__(

@@ -10,6 +10,7 @@ from specbench.decoding.block import BlockRule
 from specbench.decoding.fly import FlyRule
 from specbench.decoding.rules import CascadeRule, EnsembleRule, LenientRule, TypicalRule, VerificationRule
 from specbench.method_names import METHOD_ALIASES, METHOD_PARAMS, METHODS, RULE_METHODS, canonical_method  # noqa: F401
+from specbench.targets import import_target
 
 RULES: dict[str, type[VerificationRule]] = {
     "sd": VerificationRule,
@@ -25,8 +26,6 @@ RULES: dict[str, type[VerificationRule]] = {
 def build_target_rule(target: str, params: dict | None = None) -> VerificationRule:
     """A rule named by its class's dotted path (``method.target``) built with ``method.params``; raises
     ValueError naming the key for a class that cannot be imported, is not a rule or refuses the params."""
-    from specbench.drafters.build import import_target
-
     cls = import_target(target, "method.target")
     if not (isinstance(cls, type) and issubclass(cls, VerificationRule)):
         raise TypeError(f"method.target={target!r} is not a VerificationRule subclass (specbench.decoding.rules)")

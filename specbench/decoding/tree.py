@@ -1,6 +1,6 @@
 """Tree drafts: several candidate continuations verified in one verifier forward (methods.md §2.7).
 
-A tree proposal is a :class:`~specbench.drafters.base.Proposal` with ``parents``: ``parents[b, j]`` is the
+A tree proposal is a :class:`~specbench.decoding.protocol.Proposal` with ``parents``: ``parents[b, j]`` is the
 verifier-input column of draft ``j``'s parent, where column 0 is the row's last committed token and draft
 ``j`` sits in column ``j + 1``; a parent always comes before its child (``parents[b, j] <= j``), and
 ``-1`` marks a padding node. A chain is the tree with ``parents[b, j] = j``.
@@ -77,12 +77,12 @@ def top_leaves(logits: torch.Tensor, drafted: torch.Tensor, drafting: torch.Tens
 
 
 def chain_with_leaves(chain, lengths, leaves, pad_id: int, forwards: int, q: torch.Tensor | None = None):
-    """A tree :class:`~specbench.drafters.base.Proposal` from a drafted chain (B, D) of ``lengths`` (B,) and,
+    """A tree :class:`~specbench.decoding.protocol.Proposal` from a drafted chain (B, D) of ``lengths`` (B,) and,
     per depth ``i``, its leaves ``(ids, real)`` (B, k) from :func:`top_leaves`. Columns: the chain (draft
     ``i`` under draft ``i − 1``), then each depth's leaves, siblings of chain draft ``i`` under the same
     parent (verifier column ``i``). ``q`` (B, D, V): the distributions the chain was drawn from; the leaves
     get zero rows (verified one-hot)."""
-    from specbench.drafters.base import Proposal
+    from specbench.decoding.protocol import Proposal
 
     columns = torch.arange(chain.shape[1], device=chain.device).unsqueeze(0)
     in_chain = columns < lengths.unsqueeze(1)

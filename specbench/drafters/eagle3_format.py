@@ -1,4 +1,5 @@
-"""EAGLE-3 heads on disk: public checkpoints in the EAGLE / SpecForge layout, and specbench's own.
+"""EAGLE-3 heads on disk: public checkpoints in the EAGLE / SpecForge layout (export and load), and the
+factory a ``model/drafter`` yaml names for any head (specbench's own checkpoints: :mod:`.eagle3_checkpoint`).
 
 The EAGLE / SpecForge layout (what vLLM's ``llama_eagle3.py`` / ``qwen3_eagle3.py`` and SGLang load) is a
 directory with ``config.json`` — the verifier architecture's config with ``num_hidden_layers: 1``,
@@ -30,9 +31,11 @@ from typing import Any
 import torch
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from specbench.drafters.draft_vocab import DraftVocab
-from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head, default_taps, resolve_taps
+from specbench.drafters.eagle3 import Eagle3Drafter
+from specbench.drafters.eagle3_checkpoint import compact_checkpoint, load_trained_eagle3
+from specbench.drafters.eagle3_head import Eagle3Head, default_taps, resolve_taps
 from specbench.models.checkpoints import resolve_project_path
+from specbench.models.draft_vocab import DraftVocab
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -275,79 +278,6 @@ def _mapping(state: dict, config: dict, vocab_size: int, directory: Path) -> Dra
 
 # --- specbench checkpoints ------------------------------------------------------------------------------
 
-HEAD_PREFIX = "head."
-IDENTITY_KEYS = (
-    "verifier",
-    "verifier_weights",
-    "tokenizer_hash",
-    "verifier_hidden",
-    "verifier_layers",
-    "vocab_size",
-)
-
-
-def verifier_identity(verifier: Any, vocab_size: int) -> dict[str, Any]:
-    """The :data:`IDENTITY_KEYS` of a loaded verifier: what a trained head records and is checked against."""
-    from specbench.drafters.trained import weights_fingerprint
-    from specbench.models.pair import tokenizer_hash
-
-    return {
-        "verifier": verifier.name,
-        "verifier_weights": weights_fingerprint(verifier.model),
-        "tokenizer_hash": tokenizer_hash(verifier.tokenizer),
-        "verifier_hidden": int(verifier.model.config.hidden_size),
-        "verifier_layers": int(verifier.model.config.num_hidden_layers),
-        "vocab_size": int(vocab_size),
-    }
-
-
-def check_verifier(metadata: dict, verifier: Any, vocab_size: int, where: str | Path) -> None:
-    """Raise CheckpointMismatchError unless a trained head belongs to this verifier and vocabulary."""
-    from specbench.models.pair import CheckpointMismatchError, metadata_differences
-
-    if metadata.get("method") != "eagle3":
-        raise CheckpointMismatchError(
-            f"{str(where)!r} is a method={metadata.get('method')!r} checkpoint, not an EAGLE-3 head "
-            "(method=eagle3)"
-        )
-    now = verifier_identity(verifier, vocab_size)
-    shown = metadata_differences(metadata, now, IDENTITY_KEYS)
-    if shown:
-        raise CheckpointMismatchError(
-            f"{str(where)!r} is an EAGLE-3 head for another verifier ({shown}); use model/verifier "
-            f"{metadata.get('verifier')!r} or train a head for this one"
-        )
-
-
-def head_from_metadata(metadata: dict, verifier: Any, vocab_size: int) -> Eagle3Head:
-    """The architecture a specbench EAGLE-3 checkpoint describes, on ``verifier`` (shared embedding; the
-    final norm and, for ``lm_head: verifier``, the LM head rows initialised from the verifier)."""
-    vocab = DraftVocab(metadata["draft_vocab_ids"], vocab_size)
-    head = Eagle3Head.for_verifier(verifier.model, vocab, metadata["taps"])
-    head.lm_head.requires_grad_(metadata.get("lm_head", "trained") == "trained")
-    return head
-
-
-def load_trained_eagle3(path: str | Path, verifier: Any, vocab_size: int) -> tuple[Eagle3Head, dict]:
-    """The head that ``task=train method=eagle3`` saved (``trained.pt`` / ``last.ckpt``) and its metadata."""
-    from specbench.models.checkpoints import read_checkpoint
-    from specbench.models.pair import CheckpointMismatchError
-
-    state, metadata = read_checkpoint(path)
-    check_verifier(metadata, verifier, vocab_size, path)
-    head = head_from_metadata(metadata, verifier, vocab_size)
-    weights = {k.removeprefix(HEAD_PREFIX): v for k, v in state.items() if k.startswith(HEAD_PREFIX)}
-    expected = {name for name, p in head.named_parameters() if p.requires_grad}
-    if set(weights) != expected or len(weights) != len(state):
-        raise CheckpointMismatchError(
-            f"{str(path)!r} does not hold the weights of its EAGLE-3 head: missing "
-            f"{sorted(expected - set(weights))[:4]}, unexpected "
-            f"{sorted(set(state) - {HEAD_PREFIX + k for k in expected})[:4]}"
-        )
-    head.load_state_dict(weights, strict=False)
-    param = next(verifier.model.parameters())
-    return head.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False), metadata
-
 
 def load_eagle3_drafter(
     source: str | Path, verifier: Any, vocab_size: int, taps=None, name: str | None = None, tree_width: int = 1
@@ -364,23 +294,6 @@ def load_eagle3_drafter(
     else:
         head = load_eagle3_pretrained(source, verifier, vocab_size, taps)
     return Eagle3Drafter(head, name or f"eagle3 ({Path(str(source)).name})", tree_width=tree_width)
-
-
-def compact_checkpoint(source: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write the head weights of a trained.pt / last.ckpt in ``dtype`` with the same metadata (no optimiser
-    state): the file to commit or share. Loading casts the weights back to the verifier's dtype."""
-    from specbench.models.checkpoints import read_checkpoint
-    from specbench.models.pair import CheckpointMismatchError
-
-    state, metadata = read_checkpoint(source)
-    if metadata.get("method") != "eagle3":
-        raise CheckpointMismatchError(f"{str(source)!r} is not an EAGLE-3 head (method={metadata.get('method')!r})")
-    weights = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stored = {**metadata, "stored_dtype": str(dtype).removeprefix("torch.")}
-    torch.save({"state_dict": weights, "specbench": stored}, out)
-    return out
 
 
 CHECKPOINT_SUFFIXES = (".pt", ".ckpt", ".safetensors")

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specbench.decoding.protocol import Drafter, Proposal
 from specbench.decoding.tree import NO_PARENT
-from specbench.drafters.base import Drafter, Proposal
 
 
 class FallbackDrafter(Drafter):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from specbench.decoding.drafting import BatchState, DraftSampler
-from specbench.drafters.base import Drafter, Proposal, VerifierView
+from specbench.decoding.protocol import Drafter, Proposal, VerifierView
 from specbench.drafters.token_history import FirstOccurrenceIndex, RowHistories, proposal_from_lists
 
 MATCH_RULES = ("hf", "spec-bench")

@@ -14,10 +14,10 @@ import torch
 
 from specbench.decoding.cache import ForwardOutput
 from specbench.decoding.drafting import BatchState
-from specbench.drafters.base import VerifierNeeds, VerifierView
-from specbench.drafters.draft_vocab import DraftVocab
-from specbench.drafters.model import ModelDrafter
+from specbench.decoding.model_drafter import ModelDrafter
+from specbench.decoding.protocol import VerifierNeeds, VerifierView
 from specbench.drafters.steering import SteeredDrafter
+from specbench.models.draft_vocab import DraftVocab
 
 
 class SD2Drafter(ModelDrafter):

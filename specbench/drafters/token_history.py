@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import torch
 
-from specbench.drafters.base import Proposal
+from specbench.decoding.protocol import Proposal
 
 if TYPE_CHECKING:  # pragma: no cover
     from specbench.decoding.drafting import BatchState

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specbench.drafters.draft_vocab import DraftVocab, saved_draft_vocab
 from specbench.drafters.steering import SteeredDrafter, SteeringSpec
 from specbench.models.checkpoints import read_checkpoint
+from specbench.models.draft_vocab import DraftVocab, saved_draft_vocab
 from specbench.models.loading import LoadedModel
 from specbench.models.pair import CheckpointMismatchError, metadata_differences, tokenizer_hash
 
@@ -167,7 +167,7 @@ def trained_draft_vocab(
     ``draft_vocab_ids``), which ``model.drafter.draft_vocab`` may only repeat; else the configured one."""
     if "draft_vocab_ids" not in metadata:
         return drafter.draft_vocab
-    from specbench.evaluation import pair_vocab_size
+    from specbench.models.loading import pair_vocab_size
 
     where = f"{key}={str(path)!r}"
     saved = saved_draft_vocab(metadata, pair_vocab_size(verifier, drafter), tokenizer_hash(verifier.tokenizer), where)

@@ -1,4 +1,7 @@
-"""Model loading, tiny test models, the embedded SmolLM2 model, early-exit drafters and pair checks.
+"""Models: loading verifiers and drafter models, tiny test models, the embedded SmolLM2 model, early-exit
+drafters, hidden-state taps, sharding, reduced draft vocabularies and the checks that a pair shares one
+vocabulary (``load_drafter`` loads drafter models; :func:`specbench.pairs.load_drafter` also builds a
+``kind: drafter`` Drafter).
 
 The names below are imported on first use (PEP 562), so importing a torch-free submodule such as
 ``specbench.models.spec`` or ``specbench.models.embedded`` does not import torch (config validation
@@ -24,6 +27,7 @@ _EXPORTS = {
     "KINDS": "spec",
     "ModelSpec": "spec",
     "LoadedModel": "loading",
+    "pair_vocab_size": "loading",
     "load_drafter": "loading",
     "load_verifier": "loading",
     "PairMismatchError": "pair",

@@ -1,4 +1,8 @@
-"""Load verifier and drafter models (hub id, local dir, embedded SmolLM2, tiny random, early exit)."""
+"""Load verifier and drafter models (hub id, local dir, embedded SmolLM2, tiny random, early exit).
+
+A ``kind: drafter`` drafter (a Drafter class named by its ``target``) is built by
+:func:`specbench.pairs.load_drafter`, above the drafters, which loads every other kind through
+:func:`load_drafter` here."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from specbench.models.devices import resolve_device, resolve_dtype
 from specbench.models.early_exit import early_exit_drafter
 from specbench.models.embedded import EMBEDDED_NAME, embedded_model_dir
-from specbench.models.pair import verifier_vocab_size
+from specbench.models.pair import shared_vocab_size, verifier_vocab_size
 from specbench.models.row_invariant import use_row_invariant_forwards
 from specbench.models.sharding import (
     Placement,
@@ -28,8 +32,7 @@ from specbench.models.spec import KINDS, ModelSpec  # noqa: F401  (re-exported: 
 from specbench.models.tiny import byte_tokenizer, tiny_random_model
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specbench.drafters.base import Drafter
-    from specbench.drafters.draft_vocab import DraftVocab
+    from specbench.models.draft_vocab import DraftVocab
 
 
 @dataclass
@@ -133,41 +136,11 @@ def load_verifier(
     return LoadedModel(model, tokenizer, spec, _default_name(spec))
 
 
-def load_drafter(
-    spec: ModelSpec,
-    verifier: LoadedModel,
-    device: str | torch.device = "auto",
-    dtype: str | torch.dtype = "float32",
-    placement: Placement | None = None,
-) -> LoadedModel | Drafter | None:
-    """Load the drafter described by ``spec``; None for kind "none"; for kind "drafter" the
-    :class:`~specbench.drafters.base.Drafter` its ``target`` builds (:mod:`specbench.drafters.build`).
-
-    An early-exit drafter shares the verifier's weights, so it lives on the verifier's device and dtype
-    (a different explicit request is an error) and uses the verifier's tokenizer. ``placement``: the
-    drafter's own device_map (default: what ``spec`` asks for); a drafter next to a sharded verifier takes
-    its inputs on the verifier's first device. A model drafter with ``spec.draft_vocab_size`` /
-    ``spec.draft_vocab`` gets its reduced draft vocabulary (``LoadedModel.draft_vocab``, :func:`drafter_vocab`).
-    """
-    if spec.kind == "none":
-        return None
-    if spec.kind == "drafter":
-        from specbench.drafters.build import build_drafter
-
-        vocab = verifier_vocab_size(verifier.model, verifier.tokenizer)
-        return build_drafter(spec.target, dict(spec.params or {}), verifier, vocab, spec.name or None)
-    wants_vocab = spec.draft_vocab_size is not None or spec.draft_vocab is not None
-    vocab = drafter_vocab(spec, verifier) if wants_vocab else None  # before the drafter's weights load
-    loaded = _load_model_drafter(spec, verifier, device, dtype, placement)
-    loaded.draft_vocab = vocab
-    return loaded
-
-
 def drafter_vocab(spec: ModelSpec, verifier: LoadedModel, key: str = "model.drafter") -> DraftVocab:
     """The reduced draft vocabulary ``spec`` asks for, over the verifier's vocabulary (its tokenizer within
     its LM head); a source made for another tokenizer, or a bad size, is a ConfigError naming the key."""
-    from specbench.drafters.draft_vocab import load_draft_vocab
     from specbench.errors import ConfigError
+    from specbench.models.draft_vocab import load_draft_vocab
     from specbench.models.pair import tokenizer_hash
 
     if not spec.draft_vocab:
@@ -186,6 +159,37 @@ def drafter_vocab(spec: ModelSpec, verifier: LoadedModel, key: str = "model.draf
     covered = f", {100 * coverage:.1f} % of its response tokens" if isinstance(coverage, float) else ""
     print(f"draft vocabulary: {vocab.size} of {vocab_size} tokens from {spec.draft_vocab}{covered}", file=sys.stderr)
     return vocab
+
+
+def load_drafter(
+    spec: ModelSpec,
+    verifier: LoadedModel,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "float32",
+    placement: Placement | None = None,
+) -> LoadedModel | None:
+    """Load the drafter model described by ``spec`` (hub / local / embedded / tiny random / early exit);
+    None for kind "none". A ``kind: drafter`` spec names a Drafter class, which
+    :func:`specbench.pairs.load_drafter` builds (it loads every kind).
+
+    An early-exit drafter shares the verifier's weights, so it lives on the verifier's device and dtype
+    (a different explicit request is an error) and uses the verifier's tokenizer. ``placement``: the
+    drafter's own device_map (default: what ``spec`` asks for); a drafter next to a sharded verifier takes
+    its inputs on the verifier's first device. A model drafter with ``spec.draft_vocab_size`` /
+    ``spec.draft_vocab`` gets its reduced draft vocabulary (``LoadedModel.draft_vocab``, :func:`drafter_vocab`).
+    """
+    if spec.kind == "none":
+        return None
+    if spec.kind == "drafter":
+        raise ValueError(
+            f"model/drafter: kind='drafter' names a Drafter class ({spec.target!r}); build it with "
+            "specbench.pairs.load_drafter"
+        )
+    wants_vocab = spec.draft_vocab_size is not None or spec.draft_vocab is not None
+    vocab = drafter_vocab(spec, verifier) if wants_vocab else None  # before the drafter's weights load
+    loaded = _load_model_drafter(spec, verifier, device, dtype, placement)
+    loaded.draft_vocab = vocab
+    return loaded
 
 
 def _load_model_drafter(
@@ -224,3 +228,12 @@ def _load_model_drafter(
 def _is_placed(model: PreTrainedModel) -> bool:
     """Whether accelerate or tensor parallel placed ``model`` (its first device is then the engine's)."""
     return bool(getattr(model, "hf_device_map", None)) or is_tensor_parallel(model)
+
+
+def pair_vocab_size(verifier: LoadedModel, drafter: object) -> int:
+    """The vocabulary p and q are compared over: the verifier's tokenizer (within its LM head), checked
+    against a loaded drafter model's (:func:`shared_vocab_size` raises PairMismatchError); ``drafter`` may
+    also be a Drafter object or None."""
+    if isinstance(drafter, LoadedModel):
+        return shared_vocab_size(verifier.model, drafter.model, verifier.tokenizer, drafter.tokenizer)
+    return verifier_vocab_size(verifier.model, verifier.tokenizer)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
     from specbench.models.loading import LoadedModel, ModelSpec
-    from specbench.pipelines.synthesize import SynthSettings
+    from specbench.pipelines.synth_plan import SynthSettings
 
 BACKENDS = ("hf", "openai", "vllm")  # vllm: an alias of openai (vllm serve is an OpenAI-compatible server)
 TOKEN_ID_MODES = ("server", "retokenize")

@@ -17,7 +17,7 @@ only extended: no rescans), unknown ones get a new row fed their prompt then the
 that left the batch leave the drafter (``select_rows``). Proposals are capped at
 ``num_speculative_tokens`` and at ``max_model_len``, like vLLM's own n-gram proposer.
 
-The drafter is driven through its :class:`~specbench.drafters.base.Drafter` interface (``commit`` /
+The drafter is driven through its :class:`~specbench.decoding.protocol.Drafter` interface (``commit`` /
 ``propose`` / ``select_rows``) on a :class:`~specbench.decoding.drafting.BatchState` of the live requests,
 so vLLM gets the drafts specbench's engine would propose for the same contexts. New rows are added with
 the per-row token-history API the lookup drafters share (``drafter.histories``, a
@@ -46,9 +46,9 @@ import numpy as np
 import torch
 
 from specbench.decoding.drafting import BatchState, DraftSampler
+from specbench.decoding.protocol import Drafter, VerifierView
 from specbench.decoding.schedules import DraftSchedule
 from specbench.decoding.warping import Warping
-from specbench.drafters.base import Drafter, VerifierView
 from specbench.drafters.token_history import RowHistories
 
 KWARGS_ENV = "SPECBENCH_DRAFTER_KWARGS"

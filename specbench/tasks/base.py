@@ -15,7 +15,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from specbench.config.validate import ConfigError
+from specbench.errors import ConfigError
 from specbench.tracking import NULL_TRACKER, NullTracker, task_kind, task_run
 from specbench.tracking.run import check_tracking, tracking_enabled
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from specbench.config.validate import ConfigError, RunPlan
+from specbench.config.plans import RunPlan
 from specbench.decoding.rules import VerificationRule
 from specbench.drafters.steering import SteeredDrafter, resolve_spec
 from specbench.drafters.trained import CheckpointMismatchError, load_trained_drafter
+from specbench.errors import ConfigError
 from specbench.models.loading import LoadedModel
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specbench.config.validate import RunPlan, validate
+from specbench.config.plans import RunPlan
+from specbench.config.validate import validate
 from specbench.tasks.base import Task, check_writable, configured_dir, output_dir, verifier_placement
 
 PROFILE_FILE = "profile.json"
@@ -43,7 +44,8 @@ class ProfileTask(Task):
         import torch
 
         from specbench.evaluation import measure_profile
-        from specbench.models.loading import load_drafter, load_verifier
+        from specbench.models.loading import load_verifier
+        from specbench.pairs import load_drafter
 
         if self.plan is None:
             self.check()

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.config.validate import ConfigError
+from specbench.errors import ConfigError
 from specbench.tasks.base import Task, check_writable, configured_dir, output_dir
 
 if TYPE_CHECKING:

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from specbench.config.validate import ConfigError, RunPlan, validate_synth
+from specbench.config.plans import RunPlan
+from specbench.config.validate import validate_synth
 from specbench.data.dataset_config import dataset_settings
+from specbench.errors import ConfigError
 from specbench.tasks.base import Task, check_writable, load_task_prompts, output_dir, verifier_placement
 
 if TYPE_CHECKING:
@@ -27,7 +29,7 @@ class SynthTask(Task):
 
     def check(self) -> None:
         from specbench.evaluation import shard_indices
-        from specbench.pipelines.synthesize import SynthSettings
+        from specbench.pipelines.synth_plan import SynthSettings
         from specbench.serving.openai_backend import ServerSettings
 
         self.plan = validate_synth(self.cfg)
@@ -66,7 +68,8 @@ class SynthTask(Task):
         from specbench.data.synth_dataset import METADATA_FILE
         from specbench.data.synth_rows import SynthDataError
         from specbench.models.loading import load_verifier
-        from specbench.pipelines.synthesize import SynthSettings, synthesize
+        from specbench.pipelines.synth_plan import SynthSettings
+        from specbench.pipelines.synthesize import synthesize
         from specbench.serving.openai_backend import backend_for, verifier_without_weights
 
         if self.plan is None:  # called directly (not through run_task)
@@ -126,7 +129,7 @@ class SynthTask(Task):
     def _check_existing(self, out: Path | None, plan: RunPlan) -> None:
         """A rows file of this shard in ``out`` must come from the same settings (else ConfigError)."""
         from specbench.data.synth_rows import SynthDataError
-        from specbench.pipelines.synthesize import SynthSettings, check_resumable, run_identity
+        from specbench.pipelines.synth_plan import SynthSettings, check_resumable, run_identity
 
         if out is None or not self.cfg.synth.resume:
             return

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specbench.config.validate import ConfigError, TrainPlan, validate_train
+from specbench.config.plans import TrainPlan
+from specbench.config.train_checks import validate_train
+from specbench.errors import ConfigError
 from specbench.tasks.base import (
     Task,
     check_writable,
@@ -21,7 +23,7 @@ from specbench.tasks.base import (
 if TYPE_CHECKING:
     import torch
 
-    from specbench.drafters.base import Drafter
+    from specbench.decoding.protocol import Drafter
     from specbench.models.loading import LoadedModel
 
 TRAINED_FILE = "trained.pt"
@@ -58,9 +60,9 @@ class TrainTask(Task):
         import lightning as L
         import torch
 
-        from specbench.evaluation import pair_vocab_size
-        from specbench.models.loading import load_drafter, load_verifier
+        from specbench.models.loading import load_verifier, pair_vocab_size
         from specbench.models.pair import PairMismatchError, shared_vocab_size
+        from specbench.pairs import load_drafter
         from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
 
         if self.plan is None:  # called directly (not through run_task)

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import ConfigError
 from specbench.tracking import signals, store
-from specbench.tracking.run import (
+from specbench.tracking.naming import (
     PARENT_FILE,
     PARENT_TAG,
     name_head,

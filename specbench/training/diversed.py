@@ -28,12 +28,12 @@ from specbench.data.prompts import Prompt
 from specbench.decoding.cache import CachedModel
 from specbench.decoding.diversed import DiversedRule, WeightHead, hidden_size, pair_metadata
 from specbench.decoding.engine import GenerationSettings, as_drafter
+from specbench.decoding.protocol import Drafter
 from specbench.decoding.rules import EnsembleRule
 from specbench.decoding.schedules import DraftSchedule
 from specbench.decoding.warping import Warping
-from specbench.drafters.base import Drafter
-from specbench.evaluation import build_engines, eos_token_ids, pad_token_id, pair_vocab_size
-from specbench.models.loading import LoadedModel
+from specbench.evaluation import build_engines, eos_token_ids, pad_token_id
+from specbench.models.loading import LoadedModel, pair_vocab_size
 from specbench.training.diversed_objective import (
     REGULARIZERS,
     gate_loss,

@@ -1,7 +1,7 @@
 """Rollouts of the DIVERSED policy: autoregressive sampling from π_t = pool(p_t, q_t, w_t).
 
 The rollout decodes through the same objects the engine uses: the verifier's :class:`CachedModel` and any
-:class:`~specbench.drafters.base.Drafter` that exposes hidden states (a model drafter, an SD²-steered
+:class:`~specbench.decoding.protocol.Drafter` that exposes hidden states (a model drafter, an SD²-steered
 drafter, an EAGLE-3 head). Each step is one engine round with a one-token cap: the drafter proposes (its q_t
 and hidden state at the position), the verifier scores the last token (p_t, its hidden state, and the taps the
 drafter reads), the head gives w_t, the next token is drawn from π_t, and the drafter is told that its draft
@@ -19,10 +19,10 @@ import torch
 from specbench.decoding.cache import CachedModel
 from specbench.decoding.diversed import WeightHead
 from specbench.decoding.drafting import BatchState, DraftSampler
+from specbench.decoding.protocol import Drafter, VerifierView
 from specbench.decoding.rules import pool_distributions
 from specbench.decoding.schedules import DraftSchedule
 from specbench.decoding.warping import Warping, sample
-from specbench.drafters.base import Drafter, VerifierView
 
 _TINY = 1e-30
 

@@ -20,22 +20,17 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 from transformers import PreTrainedModel
 
 from specbench.decoding.engine import GenerationSettings, SpeculativeEngine
+from specbench.decoding.model_drafter import ModelDrafter, draft_logits
 from specbench.decoding.schedules import DraftSchedule
-from specbench.drafters.draft_vocab import DraftVocab
-from specbench.drafters.model import ModelDrafter, draft_logits
 from specbench.drafters.sd2 import SD2Drafter
 from specbench.drafters.steering import SteeredDrafter
-from specbench.training.features import (
-    CachedRows,
-    FeatureCache,
-    TargetSpec,
-    collate_cached,
-    verifier_targets,
-)
+from specbench.models.draft_vocab import DraftVocab
+from specbench.training.batches import TargetSpec, verifier_targets
+from specbench.training.features import FeatureCache
+from specbench.training.synth_data import SyntheticDataModule
 from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
 from specbench.values import TOP_K_RKL, TRAIN_LOSSES
 
@@ -99,73 +94,6 @@ def steering_sources(
     else:
         raise ValueError(f"train.offset must be one of {list(OFFSET_MODES)}, got {mode!r}")
     return torch.where(sources >= 0, sources, torch.full_like(sources, -1))
-
-
-def pad_batch(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad synthetic rows into input_ids / attention_mask / loss_mask / prompt_len tensors."""
-    width = max(len(r["input_ids"]) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    loss = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        n = len(row["input_ids"])
-        ids[i, :n] = torch.tensor(row["input_ids"])
-        attention[i, :n] = 1
-        loss[i, :n] = torch.tensor(row["loss_mask"])
-    prompt_len = torch.tensor([int(r["prompt_len"]) for r in rows], dtype=torch.long)
-    return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss, "prompt_len": prompt_len}
-
-
-class SyntheticDataModule(L.LightningDataModule):
-    """Shuffled (seeded) training rows and in-order validation rows of a task=synth dataset.
-
-    ``cache``: builds (once, in ``prepare_data``, i.e. on rank 0) or opens the verifier-feature cache
-    (:mod:`specbench.training.features`); its rows then carry their cached features and targets."""
-
-    def __init__(
-        self,
-        data: Any,
-        batch_size: int,
-        pad_id: int,
-        seed: int = 0,
-        num_workers: int = 0,
-        cache: Callable[[], FeatureCache] | None = None,
-    ):
-        super().__init__()
-        self.data, self.batch_size, self.pad_id = data, batch_size, pad_id
-        self.seed, self.num_workers = seed, num_workers
-        self._cache = cache
-        self.features: FeatureCache | None = None
-
-    def prepare_data(self) -> None:
-        if self._cache is not None:
-            self._cache()
-
-    def setup(self, stage: str | None = None) -> None:
-        if self._cache is not None and self.features is None:
-            self.features = self._cache()
-
-    def rows(self, split: str) -> Any:
-        """The dataset one split's loader reads."""
-        if self.features is not None:
-            return CachedRows(self.data[split], self.features[split])
-        return self.data[split].select_columns(["input_ids", "loss_mask", "prompt_len"])
-
-    def collate(self, batch: list[dict]) -> dict[str, torch.Tensor]:
-        return collate_cached(batch, self.pad_id)
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            self.rows(split), batch_size=self.batch_size, shuffle=shuffle, generator=generator,
-            num_workers=self.num_workers, collate_fn=self.collate,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("validation", shuffle=False)
 
 
 class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
@@ -326,10 +254,10 @@ def build_drafter_training(
     in the checkpoint). ``train.feature_cache=DIR``: the verifier's targets and taps come from that cache,
     built on first use (:func:`feature_cache_for`)."""
     from specbench.data.synth_dataset import load_synthetic
-    from specbench.drafters.draft_vocab import count_response_tokens, vocab_metadata
-    from specbench.drafters.model import check_draft_vocab
+    from specbench.decoding.model_drafter import check_draft_vocab
     from specbench.drafters.steering import resolve_spec
     from specbench.drafters.trained import LoraSettings, pair_metadata, trainable_drafter
+    from specbench.models.draft_vocab import count_response_tokens, vocab_metadata
     from specbench.models.pair import tokenizer_hash
 
     train, steering_cfg = cfg.train, cfg.steering

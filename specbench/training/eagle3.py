@@ -29,19 +29,12 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from specbench.drafters.draft_vocab import draft_vocab_for, vocab_metadata
-from specbench.drafters.eagle3 import Eagle3Drafter, Eagle3Head, compact, resolve_taps
-from specbench.training.drafter import SyntheticDataModule
-from specbench.training.features import (
-    FeatureCache,
-    TargetSpec,
-    build_feature_cache,
-    cache_identity,
-    collate_cached,
-    dense_targets,
-    open_feature_cache,
-    verifier_batch,
-)
+from specbench.drafters.eagle3 import Eagle3Drafter
+from specbench.drafters.eagle3_head import Eagle3Head, compact, resolve_taps
+from specbench.models.draft_vocab import draft_vocab_for, vocab_metadata
+from specbench.training.batches import TargetSpec, dense_targets, verifier_batch
+from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
+from specbench.training.synth_data import SyntheticDataModule, collate_cached
 from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
 from specbench.values import EAGLE3_INIT_LAYERS
 
@@ -286,7 +279,7 @@ def speculative_tau(module: Eagle3Training, prompts: list[list[int]]) -> float:
 
 def head_metadata(verifier: Any, head: Eagle3Head, vocab_size: int) -> dict:
     """What ties a head to its verifier (checked when it is loaded) and rebuilds its architecture."""
-    from specbench.drafters.eagle3_format import verifier_identity
+    from specbench.drafters.eagle3_checkpoint import verifier_identity
 
     return {
         "method": METHOD,
@@ -307,7 +300,7 @@ def warm_start(head: Eagle3Head, path: str | Path, verifier: Any, vocab_size: in
     decoding) and have the same taps. Its fc, decoder layer and norm are copied; the LM head rows of the
     tokens both draft vocabularies hold are copied when the checkpoint trained its LM head, and the rows of
     tokens new to this vocabulary stay the verifier's."""
-    from specbench.drafters.eagle3_format import load_trained_eagle3
+    from specbench.drafters.eagle3_checkpoint import load_trained_eagle3
     from specbench.models.pair import CheckpointMismatchError
 
     source, metadata = load_trained_eagle3(path, verifier, vocab_size)

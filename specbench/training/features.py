@@ -3,17 +3,17 @@
 One frozen-verifier pass over a synthetic dataset (``task=synth`` rows) gives, per row,
 
 - ``taps``: the residual stream at chosen verifier layers for every position (the tap convention of
-  ``specbench/drafters/base.py``: tap ``i`` = after ``i`` decoder layers, before the final norm; tap ``L``
+  ``specbench/decoding/protocol.py``: tap ``i`` = after ``i`` decoder layers, before the final norm; tap ``L``
   is the last layer's output before the final norm), and
 - ``targets``: at every position whose next token is a response token, the verifier's next-token logits
   restricted to a draft vocabulary (all of them, or the top-k), plus whether the verifier's argmax over
   the *full* vocabulary lies in the draft vocabulary (EAGLE-3 / SpecForge count only those positions).
 
-:func:`verifier_targets` computes them for a padded batch (the on-the-fly path), the targets packed as
-the cache stores them (one row per response-predicting position); :func:`verifier_batch` scatters them
-to (B, T, ·) as the EAGLE-3 loss reads them. ``train.feature_cache=DIR`` stores them once (bf16) so that a
-training step runs only the drafter (EAGLE-3 heads, and distill / SD² drafters: :class:`CachedRows` and
-:func:`collate_cached` give the batches); :func:`open_feature_cache` reuses a directory only when it was
+:func:`~specbench.training.batches.verifier_targets` computes them for a padded batch (the on-the-fly
+path), the targets packed as the cache stores them (one row per response-predicting position);
+:func:`~specbench.training.batches.verifier_batch` scatters them to (B, T, ·) as the EAGLE-3 loss reads them. ``train.feature_cache=DIR`` stores them once (bf16) so that a
+training step runs only the drafter (EAGLE-3 heads, and distill / SD² drafters: :mod:`specbench.training.synth_data`
+gives the batches); :func:`open_feature_cache` reuses a directory only when it was
 made by the same verifier (name, weights fingerprint, tokenizer hash) from the same data, with the
 requested taps (a superset is fine: an SD² run may read other layers of one cache, a distillation run
 none) and the same targets (draft vocabulary and top-k); otherwise it stops with a message naming the
@@ -40,11 +40,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-from torch.utils.data import Dataset
 
-from specbench.drafters.draft_vocab import DraftVocab
-from specbench.models.taps import check_taps, record_states
+from specbench.training.batches import TargetSpec, pad_batch, verifier_targets
 
 FORMAT = "specbench-features"
 VERSION = 1
@@ -57,99 +54,6 @@ class FeatureCacheMismatch(ValueError):
 
 
 # --- the verifier pass ---------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def verifier_taps(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, taps: Sequence[int]
-) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
-    """({tap: (B, T, H)}, final-normed last hidden state (B, T, H)) of one forward of the verifier's base
-    model (no LM head over every position), recorded as the engine records them
-    (:func:`specbench.models.taps.record_states`)."""
-    taps = check_taps(model, taps, "taps")
-    with record_states(model, taps) as recorded:
-        out = model.base_model(input_ids=input_ids, attention_mask=attention_mask)
-    return dict(recorded.taps), out.last_hidden_state
-
-
-def predict_positions(attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) positions whose next token exists and is a response token (position t predicts t + 1)."""
-    mask = torch.zeros_like(attention_mask, dtype=torch.bool)
-    mask[:, :-1] = loss_mask[:, 1:].bool() & attention_mask[:, 1:].bool()
-    return mask
-
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """What the targets are: the verifier's logits over ``vocab`` (top ``top_k`` of them, or all)."""
-
-    vocab: DraftVocab
-    top_k: int | None = None
-
-    @property
-    def width(self) -> int:
-        return self.top_k if self.top_k else self.vocab.size
-
-    def identity(self) -> dict:
-        return {
-            "vocab": self.vocab.fingerprint(),
-            "vocab_size": self.vocab.vocab_size,
-            "draft_vocab_size": self.vocab.size,
-            "top_k": self.top_k,
-        }
-
-
-@torch.no_grad()
-def verifier_targets(
-    model: nn.Module, batch: dict[str, torch.Tensor], taps: Sequence[int], targets: TargetSpec | None
-) -> dict[str, torch.Tensor]:
-    """The verifier pass over a right-padded batch (``input_ids``, ``attention_mask``, ``loss_mask``), its
-    targets packed as the cache stores them: ``features`` (B, T, len(taps)·H) in ``taps`` order (absent
-    without taps); with ``targets``: ``predict`` (B, T) bool and, for the N predict positions in row-major
-    order (the order of ``tensor[predict]``), ``target_values`` (N, K) restricted logits (fp32),
-    ``target_index`` (N, K) draft ids (top-k only) and ``in_vocab`` (N,) bool."""
-    ids, attention = batch["input_ids"], batch["attention_mask"]
-    states, last = verifier_taps(model, ids, attention, taps)
-    out = {"features": torch.cat([states[t] for t in taps], dim=-1)} if taps else {}
-    if targets is None:
-        return out
-    predict = predict_positions(attention, batch["loss_mask"])
-    vocab = targets.vocab
-    logits = model.get_output_embeddings()(last[predict])[:, : vocab.vocab_size].float()
-    values = vocab.restrict(logits)
-    out.update(predict=predict, in_vocab=vocab.contains(logits.argmax(dim=-1)))
-    if targets.top_k:
-        values, out["target_index"] = torch.topk(values, min(targets.top_k, vocab.size), dim=-1)
-    out["target_values"] = values
-    return out
-
-
-PACKED_TARGETS = ("target_values", "target_index", "in_vocab")
-
-
-def dense_targets(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``batch`` with its packed targets (N, ·) scattered to (B, T, ·) at the ``predict`` positions (0, or
-    False, elsewhere)."""
-    if "target_values" not in batch:
-        return batch
-    predict, out = batch["predict"], dict(batch)
-    for key in PACKED_TARGETS:
-        if key in batch:
-            packed = batch[key]
-            dense = packed.new_zeros((*predict.shape, *packed.shape[1:]))
-            dense[predict] = packed
-            out[key] = dense
-    return out
-
-
-def verifier_batch(
-    model: nn.Module, batch: dict[str, torch.Tensor], taps: Sequence[int], targets: TargetSpec | None
-) -> dict[str, torch.Tensor]:
-    """Dense verifier features and targets for a right-padded batch (``input_ids``, ``attention_mask``,
-    ``loss_mask``): ``features`` (B, T, len(taps)·H) in ``taps`` order; with ``targets``: ``predict``
-    (B, T) bool, ``target_values`` (B, T, K) restricted logits (0 off the predict positions),
-    ``target_index`` (B, T, K) draft ids (top-k only) and ``in_vocab`` (B, T) bool."""
-    return dense_targets(verifier_targets(model, batch, taps, targets))
 
 
 # --- identity ------------------------------------------------------------------------------------------
@@ -473,8 +377,6 @@ def build_feature_cache(
 
 
 def _pad_rows(rows: Iterable[dict], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    from specbench.training.drafter import pad_batch
-
     batch = pad_batch(list(rows), pad_id)
     return {k: v.to(device) for k, v in batch.items()}
 
@@ -482,42 +384,3 @@ def _pad_rows(rows: Iterable[dict], pad_id: int, device: torch.device) -> dict[s
 # --- rows and batches that carry the cache -------------------------------------------------------------
 
 
-class CachedRows(Dataset):
-    """task=synth rows of one split, each with its cached verifier features and targets when given."""
-
-    def __init__(self, table: Any, cached: FeatureSplit | None = None):
-        self.table = table.select_columns(["input_ids", "loss_mask", "prompt_len"])
-        self.cached = cached
-        if cached is not None and len(cached) != len(self.table):
-            raise ValueError(
-                f"the feature cache has {len(cached)} rows of this split, the data {len(self.table)}"
-            )
-
-    def __len__(self) -> int:
-        return len(self.table)
-
-    def __getitem__(self, index: int) -> dict:
-        row = dict(self.table[int(index)])
-        if self.cached is not None:
-            row.update(self.cached.row(int(index)))
-        return row
-
-
-def collate_cached(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded batch of :class:`CachedRows` rows, packed as :func:`verifier_targets` packs the live
-    pass: ``features`` (B, T, ·) zero-padded; ``predict`` (B, T) and the rows' targets concatenated in row
-    order (N, ·). Rows without cached tensors give the plain padded batch."""
-    from specbench.training.drafter import pad_batch
-
-    batch = pad_batch(rows, pad_id)
-    first = rows[0]
-    if "features" in first:
-        size, length = batch["input_ids"].shape
-        features = first["features"].new_zeros((size, length, first["features"].shape[-1]))
-        for i, row in enumerate(rows):
-            features[i, : row["features"].shape[0]] = row["features"]
-        batch["features"] = features
-    if "target_values" in first:
-        batch["predict"] = predict_positions(batch["attention_mask"], batch["loss_mask"])
-        batch.update({key: torch.cat([row[key] for row in rows]) for key in PACKED_TARGETS if key in first})
-    return batch

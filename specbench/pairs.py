@@ -1,6 +1,9 @@
-"""Drafters named in a config (``model/drafter`` with ``kind: drafter``): one module + one yaml per drafter.
+"""A verifier and its drafter, from config: the drafter a ``model/drafter`` spec describes, loaded or built for
+its verifier. Above the drafters, below the tasks.
 
-The yaml names a :class:`~specbench.drafters.base.Drafter` subclass, or a factory returning one, by its dotted
+Drafters named in a config (``kind: drafter``): one module + one yaml per drafter.
+
+The yaml names a :class:`~specbench.decoding.protocol.Drafter` subclass, or a factory returning one, by its dotted
 path (``target``) and gives its arguments (``params``)::
 
     kind: drafter
@@ -16,26 +19,21 @@ value checks run then too.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from specbench.targets import import_target
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from specbench.decoding.protocol import Drafter
+    from specbench.models.loading import LoadedModel
+    from specbench.models.sharding import Placement
+    from specbench.models.spec import ModelSpec
 
 INJECTED = ("verifier", "vocab_size")
-
-
-def import_target(path: str, key: str = "model.drafter.target") -> Callable[..., Any]:
-    module_name, _, attribute = str(path or "").rpartition(".")
-    if not module_name:
-        raise ValueError(f"{key} must be a dotted path such as specbench.drafters.ngram.NgramDrafter, got {path!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"{key}={path!r}: cannot import {module_name!r} ({err})") from err
-    try:
-        return getattr(module, attribute)
-    except AttributeError:
-        raise ValueError(f"{key}={path!r}: {module_name!r} has no {attribute!r}") from None
 
 
 def _signature(factory: Callable[..., Any]) -> inspect.Signature:
@@ -50,11 +48,11 @@ def is_deterministic(factory: Callable[..., Any]) -> bool:
 def check_drafter_spec(target: str, params: dict[str, Any], key: str = "model.drafter") -> Callable[..., Any]:
     """The target of a ``kind: drafter`` spec, with its parameter names (and, when it needs no verifier, its
     values) checked; raises ValueError naming ``<key>.params.<name>`` or the target."""
-    from specbench.drafters.base import Drafter
+    from specbench.decoding.protocol import Drafter  # torch loads here, not when config validation starts
 
     factory = import_target(target, f"{key}.target")
     if inspect.isclass(factory) and not issubclass(factory, Drafter):
-        raise ValueError(f"{key}.target={target!r} is not a specbench Drafter (specbench.drafters.base.Drafter)")
+        raise ValueError(f"{key}.target={target!r} is not a specbench Drafter (specbench.decoding.protocol.Drafter)")
     parameters = _signature(factory).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     accepted = [name for name in parameters if name not in ("self", *INJECTED)]
@@ -84,3 +82,22 @@ def build_drafter(target: str, params: dict[str, Any], verifier: Any, vocab_size
     if name:
         drafter.name = name
     return drafter
+
+
+def load_drafter(
+    spec: ModelSpec,
+    verifier: LoadedModel,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "float32",
+    placement: Placement | None = None,
+) -> LoadedModel | Drafter | None:
+    """The drafter ``spec`` describes, next to ``verifier``: for kind "drafter" the
+    :class:`~specbench.decoding.protocol.Drafter` its ``target`` builds (:func:`build_drafter`), for a model
+    kind the loaded model (:func:`specbench.models.loading.load_drafter`), None for kind "none"."""
+    from specbench.models import loading
+    from specbench.models.pair import verifier_vocab_size
+
+    if spec.kind == "drafter":
+        vocab = verifier_vocab_size(verifier.model, verifier.tokenizer)
+        return build_drafter(spec.target, dict(spec.params or {}), verifier, vocab, spec.name or None)
+    return loading.load_drafter(spec, verifier, device, dtype, placement)

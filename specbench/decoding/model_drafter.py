@@ -1,4 +1,8 @@
-"""A transformers causal LM as a drafter (hub / local model, early exit), with its own KV cache."""
+"""A transformers causal LM as a drafter (hub / local model, early exit), with its own KV cache.
+
+It lives with the engine, which makes one of any model passed as its drafter
+(:func:`~specbench.decoding.engine.as_drafter`).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,9 @@ from transformers import PreTrainedModel
 
 from specbench.decoding.cache import CachedModel, ForwardOutput
 from specbench.decoding.drafting import BatchState, DraftSampler
+from specbench.decoding.protocol import Drafter, Proposal, VerifierView
 from specbench.decoding.tree import chain_with_leaves, top_leaves
-from specbench.drafters.base import Drafter, Proposal, VerifierView
-from specbench.drafters.draft_vocab import DraftVocab
+from specbench.models.draft_vocab import DraftVocab
 from specbench.values import check_tree_width
 
 # Config keys of models whose logits are not just lm_head(final hidden state) (soft-capping, scaling).

@@ -1,0 +1,171 @@
+"""The ``train`` group: :func:`validate_train` checks a ``task=train`` config (sd2, distill, diversed,
+eagle3) before any model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from specbench import values
+from specbench.config.checks import (
+    check_dataset,
+    check_file,
+    check_runtime,
+    check_scoring,
+    checked,
+    method_of,
+)
+from specbench.config.draft_vocab import check_draft_vocab
+from specbench.config.model_checks import check_model_source, check_plugin_drafter, model_spec, verifier_spec
+from specbench.config.plans import TrainPlan
+from specbench.config.steering_checks import TRAINED_METHODS, check_steering
+from specbench.data.dataset_config import dataset_settings
+from specbench.errors import ConfigError
+
+
+def _check_train_values(train: dict[str, Any]) -> None:
+    positive = ("max_steps", "batch_size", "accumulate_grad_batches", "max_offset", "val_every_steps",
+                "checkpoint_every_steps", "lora_rank", "lora_alpha", "rollouts_per_prompt")
+    for key in positive:
+        if train[key] < 1:
+            raise ConfigError(f"train.{key} must be >= 1, got {train[key]}")
+    for key in ("warmup_steps", "val_batches", "val_prompts", "num_workers", "weight_decay", "grad_clip",
+                "lr_end", "regularizer_weight", "reward_weight", "rollout_temperature"):
+        if train[key] < 0:
+            raise ConfigError(f"train.{key} must be >= 0, got {train[key]}")
+    if train["lr_start"] <= 0:
+        raise ConfigError(f"train.lr_start must be > 0, got {train['lr_start']}")
+    if train["lr_end"] > train["lr_start"]:
+        raise ConfigError(f"train.lr_end ({train['lr_end']}) must be <= train.lr_start ({train['lr_start']})")
+    for key, allowed in (("loss", values.TRAIN_LOSSES), ("offset", values.TRAIN_OFFSETS),
+                         ("regularizer", values.DIVERSED_REGULARIZERS), ("reward", values.DIVERSED_REWARDS)):
+        if train[key] not in allowed:
+            raise ConfigError(f"train.{key}: unknown {train[key]!r}; allowed: {list(allowed)}")
+    if not 0.0 <= train["baseline_ema"] < 1.0:
+        raise ConfigError(f"train.baseline_ema must be in [0, 1), got {train['baseline_ema']}")
+    if not 0.0 <= train["target_weight"] <= 1.0:
+        raise ConfigError(f"train.target_weight must be in [0, 1], got {train['target_weight']}")
+
+
+def data_paths(value: Any) -> list[str]:
+    """``train.data``: one path, a comma-separated string, or a list."""
+    if value is None:
+        return []
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return [str(Path(str(item).strip()).expanduser()) for item in items if str(item).strip()]
+
+
+def validate_train(cfg: DictConfig) -> TrainPlan:
+    """Validate ``task=train`` (method sd2 | distill | diversed) before any model loads."""
+    requested = cfg.method.name
+    method, alias = method_of(cfg)
+    if method not in (*TRAINED_METHODS, "eagle3"):
+        raise ConfigError(
+            f"task=train trains method=sd2, distill, diversed or eagle3; method={requested!r} has nothing to train"
+        )
+    steering = check_steering(cfg.steering)
+    train = OmegaConf.to_container(cfg.train, resolve=True)
+    _check_train_values(train)
+    if method == "sd2" and steering != "sd2":
+        raise ConfigError("task=train method=sd2 trains an SD² steering head: add steering=sd2")
+    if method != "sd2" and steering != "none":
+        raise ConfigError(f"task=train method={method} trains no steering; use steering=none")
+    if method == "distill" and cfg.steering.finetune_drafter == "none":
+        raise ConfigError(
+            "task=train method=distill with steering.finetune_drafter=none would train nothing; use full or lora"
+        )
+    if method == "diversed":
+        checked("method.pool", values.check_pool, cfg.method.pool)
+    data = data_paths(train["data"])
+    if method == "eagle3":
+        _check_eagle3_training(cfg, train)
+    if method in ("sd2", "distill", "eagle3"):
+        if not data:
+            raise ConfigError(
+                f"task=train method={method} needs train.data=DIR (the output dir of task=synth; several "
+                "shard dirs comma separated)"
+            )
+        for path in data:
+            check_file(path, "train.data")
+    else:
+        check_dataset(cfg.dataset)
+        check_scoring(cfg.scoring)
+        metric = dataset_settings(cfg.dataset).metric or "none"
+        if metric == "none" and cfg.train.reward == "task":
+            raise ConfigError(
+                f"dataset.metric: DIVERSED training needs a per-sample reward, but dataset={cfg.dataset.name} "
+                "has metric 'none'; use a dataset with references (cnndm, xsum, wmt, gsm8k, humaneval, mbpp, "
+                "spec_bench translation/math_reasoning), set dataset.metric, or train on the verifier's "
+                "likelihood (train.reward=verifier_logp)"
+            )
+    device, dtype = check_runtime(cfg)
+    verifier = verifier_spec(cfg)
+    drafter = model_spec(cfg.model.drafter, "model.drafter")
+    if drafter.kind == "none":
+        raise ConfigError(f"task=train method={method} trains with a drafter; model.drafter.kind is 'none'")
+    check_model_source(drafter, "model.drafter")
+    if method in ("sd2", "distill"):
+        check_draft_vocab(drafter, "model.drafter", verifier)  # trains over it (docs/draft-vocab.md)
+        _check_feature_keys(train)
+        if train["feature_top_k"] is not None and train["loss"] == "rkl":
+            raise ConfigError(values.TOP_K_RKL)
+    elif drafter.draft_vocab_size is not None or drafter.draft_vocab is not None:
+        raise ConfigError(
+            "model.drafter.draft_vocab_size / draft_vocab reduce a model drafter's vocabulary (task=train "
+            f"method=distill|sd2 trains over it); method={method} does not (EAGLE-3: train.draft_vocab_size): "
+            "drop them here"
+        )
+    if method == "diversed" and drafter.kind == "drafter":
+        check_plugin_drafter(drafter, method, OmegaConf.to_container(cfg.method, resolve=True))
+    elif method != "eagle3" and drafter.kind == "drafter":
+        raise ConfigError(
+            f"task=train method={method} trains a transformers-model drafter; model.drafter.target="
+            f"{drafter.target!r} is not one (pick e.g. model/drafter=early-exit)"
+        )
+    return TrainPlan(method, verifier, drafter, device, dtype, data, alias=alias)
+
+
+def _check_eagle3_training(cfg: DictConfig, train: dict[str, Any]) -> None:
+    drafter = cfg.model.drafter
+    if drafter.kind != "drafter" or not str(drafter.get("target")).startswith("specbench.drafters.eagle3"):
+        raise ConfigError("task=train method=eagle3 trains an EAGLE-3 head: add model/drafter=eagle3")
+    if (drafter.get("params") or {}).get("path"):
+        raise ConfigError(
+            "task=train method=eagle3 trains a new head; model.drafter.params.path must be null (it names a "
+            "trained head to decode with)"
+        )
+    if cfg.steering.name != "none":
+        raise ConfigError("task=train method=eagle3 trains no steering; use steering=none")
+    if train["ttt_steps"] < 1:
+        raise ConfigError(f"train.ttt_steps must be >= 1, got {train['ttt_steps']}")
+    if not 0.0 < train["ttt_chain_fraction"] <= 1.0:
+        raise ConfigError(f"train.ttt_chain_fraction must be in (0, 1], got {train['ttt_chain_fraction']}")
+    if not 0.0 < train["loss_decay"] <= 1.0:
+        raise ConfigError(f"train.loss_decay must be in (0, 1], got {train['loss_decay']}")
+    if train["draft_vocab_size"] is not None and train["draft_vocab_size"] < 1:
+        raise ConfigError(f"train.draft_vocab_size must be >= 1 or null, got {train['draft_vocab_size']}")
+    _check_feature_keys(train)
+    if train["init_layer"] not in values.EAGLE3_INIT_LAYERS:
+        raise ConfigError(
+            f"train.init_layer must be one of {list(values.EAGLE3_INIT_LAYERS)}, got {train['init_layer']!r}"
+        )
+    if train["init_head"] is not None:
+        if train["init_layer"] != "random":
+            raise ConfigError(
+                "train.init_head and train.init_layer both set the head's starting weights; drop one"
+            )
+        if not Path(str(train["init_head"])).expanduser().is_file():
+            raise ConfigError(
+                f"train.init_head: {train['init_head']!r} is not a file; pass the trained.pt or last.ckpt "
+                "of an earlier task=train method=eagle3 run"
+            )
+
+
+def _check_feature_keys(train: dict[str, Any]) -> None:
+    """train.feature_top_k / feature_batch_size (the verifier-feature cache and its targets)."""
+    if train["feature_top_k"] is not None and train["feature_top_k"] < 1:
+        raise ConfigError(f"train.feature_top_k must be >= 1 or null, got {train['feature_top_k']}")
+    if train["feature_batch_size"] < 1:
+        raise ConfigError(f"train.feature_batch_size must be >= 1, got {train['feature_batch_size']}")
