@@ -245,6 +245,11 @@ def test_a_mismatched_pair_is_refused_before_decoding(tmp_path, changes, verifie
         ({"layer_types": ["sliding_attention"] * LAYERS}, "sliding-window"),
         ({"dflash_config": {"mask_token_id": MASK, "target_layer_ids": TAPS, "selector_rank": 8}}, "DFlash2"),
         ({"is_causal": True}, "non-causal"),
+        (
+            {"dflash_config": {"mask_token_id": MASK, "target_layer_ids": TAPS, "attention_mode": "mla"}},
+            "variant",
+        ),
+        ({"shift_label": True}, "shift_label=True"),
         ({"block_size": 1}, "block_size=1"),
         ({"dflash_config": {"mask_token_id": MASK, "target_layer_ids": [1, 4]}}, "num_target_layers=4"),
     ],

@@ -155,15 +155,28 @@ class CheckedDrafter(DFlashDrafter):
         CheckedDrafter.checks += 1
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_context_after_a_partial_acceptance_equals_a_fresh_prefill(verifier, draft, temperature):
+class TrimmedDrafter(CheckedDrafter):
+    """Verifies fewer drafts than one forward drafted (every other row loses its last one), as a schedule
+    may (``Proposal.truncated``)."""
+
+    def propose(self, state, caps, sampler, want_hidden=False):
+        proposal = super().propose(state, caps, sampler, want_hidden)
+        cut = proposal.lengths - (torch.arange(state.size, device=state.device) % 2 == 0).long()
+        return proposal.truncated(cut.clamp(min=0))
+
+
+@pytest.mark.parametrize(
+    ("temperature", "cls"), [(0.0, CheckedDrafter), (1.0, CheckedDrafter), (0.0, TrimmedDrafter)]
+)
+def test_the_context_after_a_partial_acceptance_equals_a_fresh_prefill(verifier, draft, temperature, cls):
     CheckedDrafter.checks = CheckedDrafter.partial = 0
-    drafter = CheckedDrafter(draft, verifier, VOCAB)
+    drafter = cls(draft, verifier, VOCAB)
     drafter._verifier = verifier
-    engine_for(verifier, drafter, gamma=3, max_new=16, temperature=temperature).generate(
-        prompts_for(4, seed=7)
-    )
+    prompts = prompts_for(4, seed=7)
+    results = engine_for(verifier, drafter, gamma=3, max_new=16, temperature=temperature).generate(prompts)
     assert CheckedDrafter.checks >= 4 and CheckedDrafter.partial >= 1
+    if temperature == 0.0:
+        assert [r.output_ids for r in results] == [greedy(verifier, p, 16) for p in prompts]
 
 
 def test_joint_law_of_the_first_two_tokens_at_temperature_one_is_the_verifiers(verifier, draft):

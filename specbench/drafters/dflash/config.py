@@ -15,6 +15,12 @@ UNSUPPORTED_KEYS = (
     "conv_group_size", "conv_kernel_size", "selector_rank", "selector_top_k", "output_multiplier",
     "final_logit_softcapping", "input_embedding_scale",
 )  # fmt: skip
+# SpecForge / DSpark variant switches: only these values are the plain DFlash implemented here.
+PLAIN_VALUES = {
+    "attention_mode": (None, "gqa", "mha"), "attention_modes": (None,), "projector_type": (None,),
+    "pure_draft_prefix_len": (None, 0), "shift_label": (None, False), "markov_rank": (None, 0),
+    "enable_confidence_head": (None, False),
+}  # fmt: skip
 REQUIRED = (
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
     "vocab_size",
@@ -79,6 +85,7 @@ class DFlashConfig:
                 f"DFlash config.json lacks {missing}; it must give the draft layers' shape"
             )
         unsupported = [k for k in UNSUPPORTED_KEYS if value(k) is not None]
+        unsupported += [f"{k}={value(k)!r}" for k, plain in PLAIN_VALUES.items() if value(k) not in plain]
         if unsupported:
             raise DFlashConfigError(
                 f"DFlash config sets {unsupported}: a DFlash2 / variant checkpoint, which specbench does not "
