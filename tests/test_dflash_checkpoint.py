@@ -263,3 +263,15 @@ def test_default_taps_follow_zlab_when_the_config_gives_none():
     assert default_target_layer_ids(36, 5) == (1, 9, 17, 25, 33)  # Qwen3-8B-DFlash-b16's taps
     config = DFlashConfig.from_dict(zlab_config(dflash_config={"mask_token_id": MASK}, num_target_layers=36))
     assert config.target_layer_ids == (1, 33)
+
+
+def test_llama3_rope_round_trips_and_bf16_keeps_float32_frequencies():
+    from specbench.drafters.dflash.model import DFlashDraftModel
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}  # fmt: skip
+    config = DFlashConfig.from_dict(zlab_config(rope_theta=500000.0, rope_scaling=scaling))
+    assert config.rope == {**scaling, "rope_theta": 500000.0}
+    assert DFlashConfig.from_dict(config.to_dict()) == config
+    model = DFlashDraftModel(config).to(torch.bfloat16)
+    assert model.rotary.inner.rope_type == "llama3" and model.rotary.inner.inv_freq.dtype == torch.float32

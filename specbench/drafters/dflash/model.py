@@ -53,11 +53,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
 
-class Rotary(nn.Module):
-    """cos / sin tables of the config's rope (any transformers rope type: default, llama3, yarn, ...)."""
+class Rotary:
+    """cos / sin tables of the config's rope (any transformers rope type: default, llama3, yarn, ...).
+
+    Not a submodule: casting the draft to bf16 must not round the float32 inverse frequencies."""
 
     def __init__(self, config: DFlashConfig):
-        super().__init__()
         from transformers import Qwen3Config
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
@@ -70,7 +71,9 @@ class Rotary(nn.Module):
         )
         self.inner = Qwen3RotaryEmbedding(config=rope_config)
 
-    def forward(self, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.inner.inv_freq.device != positions.device:
+            self.inner.to(positions.device)  # a device move keeps float32
         return self.inner(like, positions)
 
 
@@ -153,6 +156,12 @@ class ContextCache:
 
     def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]], valid: torch.Tensor) -> None:
         valid = torch.cat([self.valid, valid], dim=1)
+        if valid.shape[0] == 1:  # one row: keep its valid slots, no sort
+            index = valid[0].nonzero().squeeze(1)
+            self.valid = valid[:, index]
+            self.keys = [torch.cat([old, k], dim=2)[:, :, index] for old, (k, _) in zip(self.keys, kv)]
+            self.values = [torch.cat([old, v], dim=2)[:, :, index] for old, (_, v) in zip(self.values, kv)]
+            return
         order = torch.sort(valid.long(), dim=1, stable=True).indices
         keep = int(valid.sum(dim=1).max()) if valid.numel() else 0
         order = order[:, order.shape[1] - keep :]
