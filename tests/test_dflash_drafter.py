@@ -233,3 +233,58 @@ def test_a_learned_mask_drafts_and_the_block_size_caps_the_drafts(verifier):
     result = engine_for(verifier, drafter, gamma=6, max_new=10).generate([prompt])[0]
     assert result.output_ids == greedy(verifier, prompt, 10)
     assert max(r.drafted for r in result.rounds) == 2
+
+
+def reference_logits(verifier, model, ids):
+    """z-lab's draft step restated from scratch: HF ``hidden_states[id + 1]`` of every token but the last as
+    context at positions 0.., the block [last token, masks] after it; its draft logits (W - 1, VOCAB)."""
+    embedding, head = verifier.get_input_embeddings(), verifier.get_output_embeddings()
+    with torch.no_grad():
+        cache = model.empty_cache(1)
+        if len(ids) > 1:
+            features = hf_features(verifier, torch.tensor([ids[:-1]]))
+            cache.append(model.context_kv(features, torch.arange(len(ids) - 1)[None]),
+                         torch.ones(1, len(ids) - 1, dtype=torch.bool))  # fmt: skip
+        positions = len(ids) - 1 + torch.arange(BLOCK)[None]
+        block = model.embed_block(model.block_ids(torch.tensor([ids[-1]]), BLOCK), embedding)
+        return head(model(block, positions, cache)[:, 1:])[0, :, :VOCAB]
+
+
+class RecordingDrafter(DFlashDrafter):
+    rounds: list
+
+    def draft_logits(self, state, want_hidden=False):
+        logits, hidden = super().draft_logits(state, want_hidden)
+        self.rounds.append(([state.row_tokens(row) for row in range(state.size)], logits))
+        return logits, hidden
+
+
+def test_draft_logits_equal_the_reference_step_on_hf_hidden_states(verifier, draft):
+    """Every round, the drafter's logits (taps read from the engine's views, the last layer's from the
+    final-normed state; context grown incrementally) equal the from-scratch reference step's."""
+    drafter = RecordingDrafter(draft, verifier, VOCAB)
+    drafter.rounds = []
+    prompts = prompts_for(3, seed=5)
+    engine_for(verifier, drafter, gamma=BLOCK - 1, max_new=20).generate(prompts)
+    assert len(drafter.rounds) >= 5
+    for rows, logits in drafter.rounds:
+        for row, ids in enumerate(rows):
+            torch.testing.assert_close(
+                logits[row], reference_logits(verifier, draft, ids), atol=1e-4, rtol=1e-4
+            )
+
+
+def test_the_factory_loads_an_exported_draft_for_a_loaded_verifier(verifier, draft, tmp_path):
+    from specbench.drafters.dflash.checkpoint import export_dflash
+    from specbench.drafters.dflash.drafter import dflash_drafter
+    from specbench.models.loading import LoadedModel, ModelSpec
+    from specbench.models.tiny import byte_tokenizer
+
+    export_dflash(draft, tmp_path / "draft")
+    loaded = LoadedModel(verifier, byte_tokenizer(), ModelSpec(kind="tiny_random"), "tiny")
+    drafter = dflash_drafter(str(tmp_path / "draft"), loaded, VOCAB)
+    assert drafter.describe() == {"drafter": "dflash (draft)", "drafter_kind": "dflash",
+                                  "target_layer_ids": list(TAPS), "block_size": BLOCK}  # fmt: skip
+    prompt = prompts_for(1, seed=5)[0]
+    result = engine_for(verifier, drafter, gamma=3, max_new=16).generate([prompt])[0]
+    assert result.output_ids == greedy(verifier, prompt, 16) and sum(r.accepted for r in result.rounds) > 0
