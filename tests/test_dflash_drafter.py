@@ -94,11 +94,11 @@ def draft(verifier):
     return fit_draft(verifier, STEPS)
 
 
-def engine_for(verifier, drafter, gamma=3, max_new=24, temperature=0.0, schedule="constant"):
+def engine_for(verifier, drafter, gamma=3, max_new=24, temperature=0.0, schedule="constant", eos=(EOS_ID,)):
     return SpeculativeEngine(
         verifier, drafter, schedule=DraftSchedule(schedule, gamma, max_gamma=max(gamma, 6)),
         settings=GenerationSettings(max_new_tokens=max_new, temperature=temperature, seed=0),
-        vocab_size=VOCAB, eos_token_ids=[EOS_ID], pad_token_id=PAD_ID,
+        vocab_size=VOCAB, eos_token_ids=list(eos), pad_token_id=PAD_ID,
     )  # fmt: skip
 
 
@@ -179,6 +179,24 @@ def test_the_context_after_a_partial_acceptance_equals_a_fresh_prefill(verifier,
         assert [r.output_ids for r in results] == [greedy(verifier, p, 16) for p in prompts]
 
 
+def until(tokens, stop):
+    return tokens[: tokens.index(stop) + 1] if stop in tokens else tokens
+
+
+def test_rows_that_finish_early_leave_the_other_rows_context_intact(verifier, draft):
+    """A stop token that ends one row mid-batch (select_rows): the others keep decoding exactly, their
+    context still equal to a fresh prefill's."""
+    prompts = prompts_for(4, seed=7)
+    stop = greedy(verifier, prompts[0], 16)[5]
+    assert all(stop not in greedy(verifier, p, 16)[:8] for p in prompts[1:])  # row 0 finishes first
+    CheckedDrafter.checks = CheckedDrafter.partial = 0
+    drafter = CheckedDrafter(draft, verifier, VOCAB)
+    drafter._verifier = verifier
+    results = engine_for(verifier, drafter, max_new=16, eos=(EOS_ID, stop)).generate(prompts)
+    assert [r.output_ids for r in results] == [until(greedy(verifier, p, 16), stop) for p in prompts]
+    assert len(results[0].output_ids) <= 6 and CheckedDrafter.checks > len(results[0].rounds)
+
+
 def test_joint_law_of_the_first_two_tokens_at_temperature_one_is_the_verifiers(verifier, draft):
     """Chi-square of 3000 (y1, y2) pairs against p(y1 | x) p(y2 | x, y1) at T = 1."""
     from scipy.stats import chisquare
@@ -223,16 +241,18 @@ def test_the_config_spec_and_a_missing_path(verifier):
         factory(path=None, verifier=verifier, vocab_size=VOCAB)
 
 
-def test_a_learned_mask_drafts_and_the_block_size_caps_the_drafts(verifier):
+def test_a_learned_mask_drafts_for_a_llama_verifier_and_the_block_size_caps_the_drafts():
+    """The draft is Qwen3-style whatever the verifier (z-lab's Llama-3.1 draft too); batch 2."""
+    verifier = tiny_random_model("llama", num_layers=LAYERS, seed=3)
     torch.manual_seed(0)
     model = DFlashDraftModel(draft_config(mask_token_id=None)).eval()
     with torch.no_grad():
         model.mask_embedding.normal_()
     drafter = DFlashDrafter(model, verifier, VOCAB, block_size=3)
-    prompt = prompts_for(1, seed=3)[0]
-    result = engine_for(verifier, drafter, gamma=6, max_new=10).generate([prompt])[0]
-    assert result.output_ids == greedy(verifier, prompt, 10)
-    assert max(r.drafted for r in result.rounds) == 2
+    prompts = prompts_for(2, seed=3)
+    results = engine_for(verifier, drafter, gamma=6, max_new=10).generate(prompts)
+    assert [r.output_ids for r in results] == [greedy(verifier, p, 10) for p in prompts]
+    assert max(r.drafted for result in results for r in result.rounds) == 2
 
 
 def reference_logits(verifier, model, ids):
