@@ -43,6 +43,7 @@ def test_expected_options_exist():
         "vicuna-13b-v1.3",
     ]
     assert options("model/drafter") == [
+        "dflash",
         "eagle3",
         "eagle3-smollm2",
         "early-exit",
