@@ -13,11 +13,11 @@ from specbench.decoding.cache import CachedModel
 from specbench.decoding.engine import GenerationSettings, SpeculativeEngine
 from specbench.decoding.schedules import DraftSchedule
 from specbench.drafters.base import VerifierView
-from specbench.drafters.build import check_drafter_spec
 from specbench.drafters.dflash.config import DFlashConfig
 from specbench.drafters.dflash.drafter import DFlashDrafter, verifier_needs
 from specbench.drafters.dflash.model import DFlashDraftModel
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
+from specbench.pairs import check_drafter_spec
 
 VOCAB, LAYERS, BLOCK = 259, 4, 4
 STEPS = 100
