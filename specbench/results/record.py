@@ -109,14 +109,19 @@ def _check_figure(where: str, name: str, fig: Any) -> None:
         _fail(where, f"figure {name!r}: unit must be a string")
 
 
+def _check_keys(where: str, node: Any, required: Sequence[str], optional: Sequence[str], what: str) -> None:
+    """``node`` is an object with every ``required`` key and no key outside ``required`` + ``optional``."""
+    if not isinstance(node, dict):
+        _fail(where, f"{what} must be a JSON object")
+    if missing := [k for k in required if k not in node]:
+        _fail(where, f"missing keys {missing}")
+    if unknown := sorted(set(node) - set(required) - set(optional)):
+        _fail(where, f"unknown keys {unknown}; allowed: {list(required) + list(optional)}")
+
+
 def _check_row(where: str, index: int, row: Any) -> None:
     at = f"{where}: rows[{index}]"
-    if not isinstance(row, dict):
-        _fail(at, "must be an object")
-    if missing := [k for k in _ROW_REQUIRED if k not in row]:
-        _fail(at, f"missing {missing}")
-    if unknown := sorted(set(row) - set(_ROW_REQUIRED) - set(_ROW_OPTIONAL)):
-        _fail(at, f"unknown keys {unknown}")
+    _check_keys(at, row, _ROW_REQUIRED, _ROW_OPTIONAL, "a row")
     if not isinstance(row["setup"], str) or not row["setup"].strip():
         _fail(at, "setup must be a non-empty string")
     if not isinstance(row["figures"], dict) or not row["figures"]:
@@ -131,12 +136,7 @@ def _check_row(where: str, index: int, row: Any) -> None:
 
 def validate_record(record: Any, where: str = "result record") -> None:
     """Raise :class:`ResultRecordError` (prefixed with ``where``) unless ``record`` follows the schema."""
-    if not isinstance(record, dict):
-        _fail(where, "a record must be a JSON object")
-    if missing := [k for k in _REQUIRED if k not in record]:
-        _fail(where, f"missing keys {missing}")
-    if unknown := sorted(set(record) - set(_REQUIRED) - set(_OPTIONAL)):
-        _fail(where, f"unknown keys {unknown}; allowed: {list(_REQUIRED + _OPTIONAL)}")
+    _check_keys(where, record, _REQUIRED, _OPTIONAL, "a record")
     if record["schema"] != RECORD_SCHEMA:
         _fail(where, f"schema must be {RECORD_SCHEMA!r}, got {record['schema']!r}")
     if not isinstance(record["benchmark"], str) or not _NAME.match(record["benchmark"]):
@@ -149,7 +149,7 @@ def validate_record(record: Any, where: str = "result record") -> None:
     except ValueError:
         _fail(where, f"date must be ISO 8601 (2026-12-04T06:00:00Z), got {record['date']!r}")
     machine = record["machine"]
-    if not isinstance(machine, dict) or (missing := [k for k in MACHINE_FIELDS if k not in machine]):
+    if not isinstance(machine, dict) or any(k not in machine for k in MACHINE_FIELDS):
         _fail(where, f"machine must be an object with {list(MACHINE_FIELDS)}")
     prompts = record["prompts"]
     if not isinstance(prompts, dict) or not isinstance(prompts.get("set"), str):
