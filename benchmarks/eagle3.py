@@ -1,11 +1,13 @@
-"""A trained EAGLE-3 head vs autoregressive decoding and the early-exit drafter, on held-out Spec-Bench questions.
+"""A trained EAGLE-3 head (and a DFlash drafter, the suffix drafter and the fallback) vs autoregressive decoding
+and the early-exit drafter, on held-out Spec-Bench questions.
 
 One process, interleaved (``harness.run_all``): for each held-out question (first turn, the embedded
 SmolLM2-135M-Instruct verifier) autoregressive decoding, the demo's early-exit drafter (first 4 layers,
 γ = 3) and the EAGLE-3 head at each ``--gammas`` value, all with the exact ``sd`` rule. Greedy by default:
 every speculative output must be token-identical to autoregressive decoding (exit 1 otherwise). With
 ``--temperature 1`` the rows sample (outputs then differ by design; τ and tokens/s are what count). The
-head's cost c (its time per drafted token over the verifier's one-token forward) is measured first.
+head's cost c (its time per drafted token over the verifier's one-token forward) is measured first. Speculative
+rows also record per-position acceptance (``acc_pos1..3``) and the share of decoding time spent drafting.
 
     python benchmarks/eagle3.py --head checkpoints/eagle3-smollm2-135m/trained.pt --per-task 5 --threads 1
 """
@@ -96,6 +98,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--suffix", action="store_true",
         help="add the suffix drafter alone (constant γ 10; its global tree seeded from --suffix-cache when given)",
     )  # fmt: skip
+    parser.add_argument(
+        "--dflash", default=None,
+        help="a DFlash drafter (trained.pt of task=train method=dflash, or a z-lab layout directory): a row per "
+        "--dflash-gammas value",
+    )  # fmt: skip
+    parser.add_argument("--dflash-gammas", default="7", help="comma list of constant γ for the --dflash rows")
     parser.add_argument("--out-dir", default=None, help="default: outputs/eagle3/TIME")
     add_record_options(parser)
     return parser.parse_args(argv)
@@ -152,6 +160,15 @@ def main(argv=None) -> int:
                 SpeculativeEngine(model, load_eagle3_drafter(path, verifier, vocab),
                                   schedule=DraftSchedule("constant", gamma), **common),
             ))  # fmt: skip
+    if args.dflash:
+        from specbench.drafters.dflash.drafter import dflash_drafter
+
+        for gamma in [int(g) for g in args.dflash_gammas.split(",") if g.strip()]:
+            runners.append(engine_runner(
+                f"dflash-g{gamma}",
+                SpeculativeEngine(model, dflash_drafter(args.dflash, verifier, vocab),
+                                  schedule=DraftSchedule("constant", gamma), **common),
+            ))  # fmt: skip
     if args.suffix:
         seeded = {"cache_file": args.suffix_cache, "update_cache_file": False} if args.suffix_cache else {}
         runners.append(engine_runner(
@@ -198,7 +215,7 @@ def main(argv=None) -> int:
     figures = table(answers, "autoregressive")
     write_answer_files(out / "answers", answers)
     report = {
-        "head": heads[0], "heads": heads, "suffix_cache": args.suffix_cache, "questions": len(questions), "max_new_tokens": args.max_new_tokens,
+        "head": heads[0], "heads": heads, "dflash": args.dflash, "suffix_cache": args.suffix_cache, "questions": len(questions), "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature, "threads": args.threads, "device": str(model.device),
         "dtype": str(model.dtype), "profile": profile.to_dict(),
         "fallback_profile": fallback_profile.to_dict() if fallback_profile else None,

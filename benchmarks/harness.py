@@ -48,6 +48,10 @@ class Decoded:
     wall_time: float
     steps: int  # verifier forwards in decoding (rounds)
     accept_lengths: list[int] = field(default_factory=list)  # tokens emitted per step
+    drafted: list[int] = field(default_factory=list)  # drafts per round (speculative runners)
+    accepted: list[int] = field(default_factory=list)  # of them accepted, per round
+    draft_time: float = 0.0  # seconds drafting, all rounds
+    verify_time: float = 0.0  # seconds in verification forwards, all rounds
 
 
 @dataclass
@@ -61,7 +65,12 @@ def engine_runner(name: str, engine: SpeculativeEngine) -> Runner:
     def run(ids: list[int]) -> Decoded:
         engine.reseed(engine.settings.seed)
         result = engine.generate([ids])[0]
-        return Decoded(result.output_ids, result.wall_time, len(result.rounds), [r.emitted for r in result.rounds])
+        rounds = result.rounds
+        return Decoded(
+            result.output_ids, result.wall_time, len(rounds), [r.emitted for r in rounds],
+            [r.drafted for r in rounds], [r.accepted for r in rounds], sum(r.draft_time for r in rounds),
+            sum(r.verify_time for r in rounds),
+        )  # fmt: skip
 
     def warm(ids: list[int]) -> None:
         with forgetting(engine.drafter):
@@ -161,6 +170,8 @@ def run_all(runners: list[Runner], tokenizer, questions: list[dict], progress: b
                     "index": 0, "turns": [tokenizer.decode(decoded.output_ids, skip_special_tokens=True).strip()],
                     "decoding_steps": [decoded.steps], "new_tokens": [len(decoded.output_ids)],
                     "wall_time": [decoded.wall_time], "accept_lengths": decoded.accept_lengths,
+                    "drafted": decoded.drafted, "accepted": decoded.accepted,
+                    "draft_time": decoded.draft_time, "verify_time": decoded.verify_time,
                 }],
             })  # fmt: skip
         if progress:
@@ -276,10 +287,42 @@ def speed_rows(answers: dict[str, list[dict]], baseline: str = "autoregressive",
             if len(pairs) >= 2:
                 speedup["median"] = statistics.median(s / max(b, 1e-9) for s, b in pairs)
                 speedup["interval"] = list(bootstrap_interval(pairs, _ratio_of_means))
-            figures = {"speedup": speedup, "tau": figure(tokens / steps if steps else 0.0, taus), **figures}
+            figures = {"speedup": speedup, "tau": figure(tokens / steps if steps else 0.0, taus), **figures,
+                       **round_figures(answered)}
         same = all(r["output_ids"] == reference[r["question_id"]]["output_ids"] for r in answered)
         rows.append({"setup": name, "figures": figures, "identical_outputs": same if greedy else None})
     return rows
+
+
+ACCEPTANCE_POSITIONS = 3
+
+
+def acceptance_by_position(answered: list[dict], positions: int = ACCEPTANCE_POSITIONS) -> list[float | None]:
+    """Per draft position k = 1..positions, the share of rounds that accepted draft k among the rounds that
+    drafted it and accepted drafts 1..k−1 (None where no round got there)."""
+    reached, kept = [0] * positions, [0] * positions
+    for row in answered:
+        choice = row["choices"][0]
+        for drafted, accepted in zip(choice.get("drafted", []), choice.get("accepted", [])):
+            for k in range(1, positions + 1):
+                if drafted >= k and accepted >= k - 1:
+                    reached[k - 1] += 1
+                    kept[k - 1] += accepted >= k
+    return [kept[i] / reached[i] if reached[i] else None for i in range(positions)]
+
+
+def round_figures(answered: list[dict]) -> dict[str, dict]:
+    """Per-position acceptance (``acc_pos{k}``) and the share of decoding time spent drafting
+    (``draft_share``), for runners that record their rounds."""
+    choices = [row["choices"][0] for row in answered]
+    if not any(c.get("drafted") for c in choices):
+        return {}
+    out = {f"acc_pos{k + 1}": figure(a) for k, a in enumerate(acceptance_by_position(answered)) if a is not None}
+    drafting = sum(c.get("draft_time", 0.0) for c in choices)
+    total = drafting + sum(c.get("verify_time", 0.0) for c in choices)
+    if total > 0:
+        out["draft_share"] = figure(drafting / total)
+    return out
 
 
 def all_identical(figures: dict[str, dict[str, dict]]) -> bool:

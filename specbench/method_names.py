@@ -13,7 +13,7 @@ METHOD_ALIASES = {
 }
 RULE_METHODS = ("sd", "lossy", "static_ensemble", "cascade", "typical", "block", "fly")
 METHODS = ("auto",) + RULE_METHODS  # methods whose rule needs no trained part
-TRAINED_METHODS = ("sd2", "distill", "diversed", "eagle3")  # methods that decode with a trained part
+TRAINED_METHODS = ("sd2", "distill", "diversed", "eagle3", "dflash")  # methods that decode with a trained part
 ALL_METHODS = METHODS + TRAINED_METHODS
 
 # The ``method.*`` keys each method reads (methods.md §2); every other key is unused by it.
@@ -27,6 +27,7 @@ METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "block": (),
     "fly": ("window_size", "entropy_threshold", "entropy_top_k"),
     "eagle3": (),
+    "dflash": (),
     "sd2": (),
     "distill": ("drafter_checkpoint",),
     "diversed": ("pool", "head_checkpoint"),

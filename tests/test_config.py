@@ -21,6 +21,8 @@ NEEDS_MORE = {
     ("method", "distill"): "needs method.drafter_checkpoint=PATH",
     ("method", "eagle3"): "add model/drafter=eagle3",
     ("model/drafter", "eagle3"): "model.drafter.params.path",
+    ("method", "dflash"): "add model/drafter=dflash",
+    ("model/drafter", "dflash"): "model.drafter.params.path is null",
 }
 
 
@@ -63,6 +65,7 @@ def test_expected_options_exist():
         "auto",
         "block",
         "cascade",
+        "dflash",
         "distill",
         "diversed",
         "eagle3",

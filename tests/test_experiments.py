@@ -83,6 +83,8 @@ PRESETS = {
                              "temperature": 0.0, "dataset": "ultrachat"}
         for family, verifier in (("llama3", LLAMA_8B), ("qwen3", "Qwen/Qwen3-8B"))
     },
+    "dflash-qwen3-8b": {"verifier": "Qwen/Qwen3-8B", "drafter_kind": "drafter", "method": "dflash", "gamma": 15,
+                        "temperature": 0.0, "dataset": "ultrachat"},
     "cpu-ensemble-sweep": {
         "verifier_kind": "embedded",
         "drafter_kind": "early_exit",
@@ -146,13 +148,13 @@ def test_preset_composes_with_one_override_and_validates(name, tmp_path):
         with pytest.raises(ConfigError, match="not in the local Hugging Face cache"):
             validate(cfg)
         local = ["model/verifier=tiny-random", "model/drafter=tiny-random", "dataset=demo"]
-        if expected["method"] == "eagle3":  # a training recipe: validate it as task=train on a tiny verifier
+        if expected["method"] in ("eagle3", "dflash"):  # a training recipe: validate it as task=train, tiny verifier
             from specbench.config.train_checks import validate_train
 
             (tmp_path / "synth").mkdir()
             train = ["model/verifier=tiny-random", "task=train", f"train.data={tmp_path / 'synth'}"]
             plan = validate_train(compose_config([f"experiment={name}", *train]))
-            assert plan.method == "eagle3" and plan.drafter.target.endswith("eagle3_drafter")
+            assert plan.method == expected["method"] and plan.drafter.target.endswith(f"{plan.method}_drafter")
             return
         cfg = compose_config([f"experiment={name}", *local])
     plan = validate(cfg)
@@ -168,6 +170,13 @@ def test_sd2_presets_carry_the_paper_recipe(name):
     )
     assert (train.loss, train.max_offset, cfg.synth.target_len, cfg.synth.temperature) == ("kl", 8, 256, 1.0)
     assert (cfg.dataset.name, cfg.steering.finetune_drafter) == ("ultrachat", "full")
+
+
+def test_dflash_preset_carries_the_zlab_qwen3_8b_recipe():
+    train = compose_config(["experiment=dflash-qwen3-8b"]).train
+    assert (train.dflash_layers, list(train.dflash_taps), train.dflash_block_size) == (5, [1, 9, 17, 25, 33], 16)
+    assert (train.dflash_mask_token_id, train.dflash_anchors, train.dflash_loss_gamma) == (151669, 512, 7.0)
+    assert (train.lr_start, train.grad_clip, train.warmup_steps / train.max_steps) == (6e-4, 1.0, 0.04)
 
 
 def test_command_line_overrides_win_over_a_preset():

@@ -73,6 +73,33 @@ def test_sd2_and_distill_train_then_evaluate(synth_dir, tmp_path, mlflow_uri):
     assert "Traceback" not in proc.stderr
 
 
+def test_dflash_trains_then_decodes_losslessly_through_launch(synth_dir, tmp_path):
+    out = tmp_path / "dflash"
+    dflash = ["method=dflash", "model/drafter=dflash", "steering=none"]
+    proc = launch(
+        ["task=train", *TINY, *dflash, *SHORT, "train.dflash_taps=[0]", "train.dflash_block_size=4",
+         "train.dflash_anchors=4", f"train.data={synth_dir}", f"train.output_dir={out}",
+         f"hydra.run.dir={out / 'hydra'}"],
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "train_metrics.json").read_text())
+    assert summary["global_step"] == 4 and summary["final_val_tau"] >= 1.0 and "final_val_acc_pos3" in summary
+    eval_dir = tmp_path / "eval"
+    proc = launch(
+        [*TINY, *dflash, f"model.drafter.params.path={out / 'trained.pt'}", "gen.max_new_tokens=8",
+         "dataset.limit=2", f"eval.output_dir={eval_dir}"],
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((eval_dir / "metrics.json").read_text())
+    assert metrics["baseline_match_rate"] == 1.0
+    proc = launch([*TINY, *dflash, f"eval.output_dir={tmp_path / 'none'}"])
+    assert proc.returncode == 2 and "model.drafter.params.path is null" in proc.stderr
+    proc = launch([*TINY, "method=dflash", f"eval.output_dir={tmp_path / 'wrong'}"])
+    assert proc.returncode == 2 and "method=dflash decodes with a DFlash drafter" in proc.stderr
+
+
 def test_a_killed_training_job_rerun_resumes_from_last_ckpt(synth_dir, tmp_path, mlflow_uri):
     """What a SLURM requeue does: the same command again, into the same output dir, after a kill."""
     import os
@@ -127,7 +154,14 @@ def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["method=sd"], "task=train trains method=sd2, distill, diversed or eagle3"),
+        (["method=sd"], "task=train trains method=sd2, distill, diversed, eagle3 or dflash"),
+        (["method=dflash", "train.data=."], "task=train method=dflash trains a DFlash drafter: add model/drafter=dflash"),
+        (["method=dflash", "model/drafter=dflash", "train.data=.", "train.dflash_block_size=1"],
+         "train.dflash_block_size must be >= 2"),
+        (["method=dflash", "model/drafter=dflash", "train.data=.", "train.dflash_loss_gamma=0"],
+         "train.dflash_loss_gamma must be > 0 or null"),
+        (["method=dflash", "model/drafter=dflash", "train.data=.", "model.drafter.params.path=x.pt"],
+         "task=train method=dflash trains a new drafter; model.drafter.params.path must be null"),
         (["method=sd2"], "task=train method=sd2 trains an SD² steering head: add steering=sd2"),
         ([*SD2], "task=train method=sd2 needs train.data=DIR"),
         ([*SD2, "train.data=/no/such/dir"], "train.data: '/no/such/dir' does not exist"),

@@ -88,7 +88,11 @@ def check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str, 
         )
     if method == "eagle3" and not str(drafter.target).startswith("specbench.drafters.eagle3"):
         raise ConfigError("method=eagle3 decodes with an EAGLE-3 head: add model/drafter=eagle3")
+    if method == "dflash" and not str(drafter.target).startswith(DFLASH_TARGET):
+        raise ConfigError("method=dflash decodes with a DFlash drafter: add model/drafter=dflash")
     params = dict(drafter.params or {})
+    if str(drafter.target).startswith(DFLASH_TARGET):
+        _check_dflash_path(params.get("path"))
     if str(drafter.target).startswith("specbench.drafters.eagle3") and not params.get("path"):
         raise ConfigError(
             "model.drafter.params.path is null: pass the trained.pt of `task=train method=eagle3`, an EAGLE / "
@@ -126,8 +130,27 @@ def check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str, 
             )
 
 
+DFLASH_TARGET = "specbench.drafters.dflash"
+
+
+def _check_dflash_path(path: Any) -> None:
+    if not path:
+        raise ConfigError(
+            "model.drafter.params.path is null: pass the trained.pt of `task=train method=dflash`, a DFlash "
+            "directory in the z-lab layout or a hub id (e.g. z-lab/Qwen3-8B-DFlash-b16)"
+        )
+    from specbench.models.checkpoints import resolve_project_path
+
+    given = Path(resolve_project_path(str(path)))
+    if str(path).endswith((".pt", ".ckpt")) and not given.is_file():
+        raise ConfigError(
+            f"model.drafter.params.path={path!r}: no such file (a trained.pt of `task=train method=dflash`, "
+            "relative to the working directory or the project root)"
+        )
+
+
 # Methods that verify with the exact sd rule (the trained ones steer or replace the drafter only).
-EXACT_RULE_METHODS = ("sd", "sd2", "distill", "eagle3")
+EXACT_RULE_METHODS = ("sd", "sd2", "distill", "eagle3", "dflash")
 
 
 def check_drafter_tree_width(width: Any, method: str, method_cfg: dict[str, Any], key: str) -> None:

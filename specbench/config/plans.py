@@ -59,7 +59,7 @@ class RunPlan(_OnDevice):
     @cached_property
     def rule(self) -> VerificationRule | None:
         """The verification rule (None: autoregressive, or DIVERSED whose rule is built with its head)."""
-        if self.method in ("sd2", "distill", "eagle3"):
+        if self.method in ("sd2", "distill", "eagle3", "dflash"):
             from specbench.decoding.rules import VerificationRule
 
             return VerificationRule()

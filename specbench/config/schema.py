@@ -231,7 +231,14 @@ class TrainConfig:
     freeze_lm_head: bool = False  # keep the head's LM head at the verifier's rows
     init_layer: str = "random"  # random | verifier_last: the decoder layer starts as the verifier's last one
     init_head: str | None = None  # a trained head (trained.pt / last.ckpt) to start from, e.g. on more data
-    # The verifier-feature cache (eagle3, distill, sd2; docs/training.md#verifier-feature-cache-and-draft-vocabulary)
+    # DFlash draft network (method=dflash; docs/dflash.md). init_layer (above) also applies.
+    dflash_layers: int = 1  # draft decoder layers (z-lab's Qwen3-8B drafter: 5)
+    dflash_taps: list[int] | None = None  # z-lab target_layer_ids: outputs of these verifier layers (None: spread)
+    dflash_block_size: int = 16  # block slots: the last token + block_size - 1 masks (drafts per forward)
+    dflash_mask_token_id: int | None = None  # the verifier's mask token row (None: a learned mask embedding)
+    dflash_anchors: int = 32  # blocks (random anchors) per sequence and step (SpecForge: 512)
+    dflash_loss_gamma: float | None = 7.0  # slot k weighted exp(-(k-1)/gamma) (paper: 7 / 5 / 4 for W 16 / 10 / 8)
+    # The verifier-feature cache (eagle3, dflash, distill, sd2; docs/training.md#verifier-feature-cache-and-draft-vocabulary)
     feature_cache: str | None = None  # DIR: verifier taps + targets computed once, shared by trainings
     feature_top_k: int | None = None  # targets: top-k of the verifier's draft-vocabulary distribution (None: all)
     feature_batch_size: int = 8  # rows per verifier forward when the cache is built

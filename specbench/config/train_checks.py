@@ -1,5 +1,5 @@
 """The ``train`` group: :func:`validate_train` checks a ``task=train`` config (sd2, distill, diversed,
-eagle3) before any model loads."""
+eagle3, dflash) before any model loads."""
 
 from __future__ import annotations
 
@@ -58,12 +58,13 @@ def data_paths(value: Any) -> list[str]:
 
 
 def validate_train(cfg: DictConfig) -> TrainPlan:
-    """Validate ``task=train`` (method sd2 | distill | diversed) before any model loads."""
+    """Validate ``task=train`` (method sd2 | distill | diversed | eagle3 | dflash) before any model loads."""
     requested = cfg.method.name
     method, alias = method_of(cfg)
-    if method not in (*TRAINED_METHODS, "eagle3"):
+    if method not in (*TRAINED_METHODS, "eagle3", "dflash"):
         raise ConfigError(
-            f"task=train trains method=sd2, distill, diversed or eagle3; method={requested!r} has nothing to train"
+            f"task=train trains method=sd2, distill, diversed, eagle3 or dflash; method={requested!r} has nothing "
+            "to train"
         )
     steering = check_steering(cfg.steering)
     train = OmegaConf.to_container(cfg.train, resolve=True)
@@ -81,7 +82,9 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
     data = data_paths(train["data"])
     if method == "eagle3":
         _check_eagle3_training(cfg, train)
-    if method in ("sd2", "distill", "eagle3"):
+    if method == "dflash":
+        _check_dflash_training(cfg, train)
+    if method in ("sd2", "distill", "eagle3", "dflash"):
         if not data:
             raise ConfigError(
                 f"task=train method={method} needs train.data=DIR (the output dir of task=synth; several "
@@ -119,7 +122,7 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
         )
     if method == "diversed" and drafter.kind == "drafter":
         check_plugin_drafter(drafter, method, OmegaConf.to_container(cfg.method, resolve=True))
-    elif method != "eagle3" and drafter.kind == "drafter":
+    elif method not in ("eagle3", "dflash") and drafter.kind == "drafter":
         raise ConfigError(
             f"task=train method={method} trains a transformers-model drafter; model.drafter.target="
             f"{drafter.target!r} is not one (pick e.g. model/drafter=early-exit)"
@@ -161,6 +164,38 @@ def _check_eagle3_training(cfg: DictConfig, train: dict[str, Any]) -> None:
                 f"train.init_head: {train['init_head']!r} is not a file; pass the trained.pt or last.ckpt "
                 "of an earlier task=train method=eagle3 run"
             )
+
+
+def _check_dflash_training(cfg: DictConfig, train: dict[str, Any]) -> None:
+    drafter = cfg.model.drafter
+    if drafter.kind != "drafter" or not str(drafter.get("target")).startswith("specbench.drafters.dflash"):
+        raise ConfigError("task=train method=dflash trains a DFlash drafter: add model/drafter=dflash")
+    if (drafter.get("params") or {}).get("path"):
+        raise ConfigError(
+            "task=train method=dflash trains a new drafter; model.drafter.params.path must be null (it names a "
+            "trained drafter to decode with)"
+        )
+    if cfg.steering.name != "none":
+        raise ConfigError("task=train method=dflash trains no steering; use steering=none")
+    for key in ("dflash_layers", "dflash_anchors"):
+        if train[key] < 1:
+            raise ConfigError(f"train.{key} must be >= 1, got {train[key]}")
+    if train["dflash_block_size"] < 2:
+        raise ConfigError(
+            f"train.dflash_block_size must be >= 2 (the last token and a mask slot), got {train['dflash_block_size']}"
+        )
+    gamma = train["dflash_loss_gamma"]
+    if gamma is not None and not gamma > 0:
+        raise ConfigError(f"train.dflash_loss_gamma must be > 0 or null (no decay), got {gamma}")
+    if train["dflash_taps"] is not None and (not train["dflash_taps"] or min(train["dflash_taps"]) < 0):
+        raise ConfigError(f"train.dflash_taps must be non-negative verifier layer ids or null, got {train['dflash_taps']}")
+    if train["init_layer"] not in values.EAGLE3_INIT_LAYERS:
+        raise ConfigError(
+            f"train.init_layer must be one of {list(values.EAGLE3_INIT_LAYERS)}, got {train['init_layer']!r}"
+        )
+    if train["init_head"] is not None:
+        raise ConfigError("train.init_head continues an EAGLE-3 head; method=dflash resumes from last.ckpt instead")
+    _check_feature_keys(train)
 
 
 def _check_feature_keys(train: dict[str, Any]) -> None:

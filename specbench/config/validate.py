@@ -98,6 +98,8 @@ def validate(cfg: DictConfig) -> RunPlan:
             check_drafter_tree_width(drafter.tree_width, method, method_cfg, "model.drafter.tree_width")
         if drafter.kind != "drafter" and method == "eagle3":
             raise ConfigError("method=eagle3 decodes with an EAGLE-3 head: add model/drafter=eagle3")
+        if drafter.kind != "drafter" and method == "dflash":
+            raise ConfigError("method=dflash decodes with a DFlash drafter: add model/drafter=dflash")
     if schedule["name"] == "cost_aware":
         check_file(schedule.get("profile"), "schedule.profile")
     if checkpoint:

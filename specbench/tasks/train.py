@@ -1,6 +1,7 @@
-"""``task=train``: train a drafter (``method=distill``), an SD² steered drafter (``method=sd2``) or the
-DIVERSED weight head (``method=diversed``) with Lightning, log into the task's MLflow run, and export
-the trained part as ``trained.pt`` (what ``task=eval`` loads)."""
+"""``task=train``: train a drafter (``method=distill``), an SD² steered drafter (``method=sd2``), an EAGLE-3
+head (``method=eagle3``), a DFlash drafter (``method=dflash``) or the DIVERSED weight head
+(``method=diversed``) with Lightning, log into the task's MLflow run, and export the trained part as
+``trained.pt`` (what ``task=eval`` loads)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ class TrainTask(Task):
             torch.set_num_threads(cfg.runtime.num_threads)
         L.seed_everything(cfg.train.seed, workers=True, verbose=False)
         verifier = load_verifier(plan.verifier, plan.device, plan.dtype, placement=verifier_placement(cfg, plan))
-        if plan.method == "eagle3":  # the head is built from the verifier (and the data), not loaded
+        if plan.method in ("eagle3", "dflash"):  # built from the verifier (and the data), not loaded
             drafter = None
             vocab = shared_vocab_size(verifier.model, verifier.model, verifier.tokenizer, verifier.tokenizer)
         else:
@@ -92,7 +93,7 @@ class TrainTask(Task):
         self.tracker.set_tags({
             "specbench.method": plan.method,
             "specbench.verifier": verifier.name,
-            "specbench.drafter": drafter.name if drafter is not None else plan.drafter.name or "eagle3",
+            "specbench.drafter": drafter.name if drafter is not None else plan.drafter.name or plan.method,
             "specbench.resumed_from": str(resume) if resume else "",
         })
         trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume else None)
@@ -113,11 +114,13 @@ class TrainTask(Task):
 
         eos = eos_token_ids(verifier.model, verifier.tokenizer)
         pad = pad_token_id(verifier.tokenizer, eos)
-        if plan.method == "eagle3":
+        if plan.method in ("eagle3", "dflash"):
+            from specbench.training.dflash import build_dflash_training
             from specbench.training.eagle3 import build_eagle3_training
 
+            build = build_eagle3_training if plan.method == "eagle3" else build_dflash_training
             try:
-                return build_eagle3_training(self.cfg, verifier, vocab, eos, pad)
+                return build(self.cfg, verifier, vocab, eos, pad)
             except (FileNotFoundError, ValueError) as err:
                 if isinstance(err, ConfigError):
                     raise

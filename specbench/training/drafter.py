@@ -22,9 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from specbench.decoding.engine import GenerationSettings, SpeculativeEngine
 from specbench.decoding.model_drafter import ModelDrafter, draft_logits
-from specbench.decoding.schedules import DraftSchedule
 from specbench.drafters.sd2 import SD2Drafter
 from specbench.drafters.steering import SteeredDrafter
 from specbench.models.draft_vocab import DraftVocab
@@ -32,11 +30,11 @@ from specbench.training.batches import TargetSpec, verifier_targets
 from specbench.training.features import FeatureCache
 from specbench.training.synth_data import SyntheticDataModule
 from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
+from specbench.training.validation import greedy_tau
 from specbench.values import TOP_K_RKL, TRAIN_LOSSES
 
 LOSSES = TRAIN_LOSSES
 OFFSET_MODES = ("random", "blocked")
-VAL_MAX_NEW_TOKENS = 32
 
 
 def divergence(
@@ -218,7 +216,6 @@ class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
 
 
-@torch.no_grad()
 def speculative_tau(module: DrafterTraining, prompts: list[list[int]]) -> float:
     """Real greedy speculative decoding of ``prompts`` with the current drafter: mean tokens per round."""
     was_training = module.training
@@ -229,20 +226,12 @@ def speculative_tau(module: DrafterTraining, prompts: list[list[int]]) -> float:
             drafter = SD2Drafter(module.steering, module.vocab_size, draft_vocab=module.draft_vocab)
         elif module.draft_vocab is not None:
             drafter = ModelDrafter(module.drafter, module.vocab_size, draft_vocab=module.draft_vocab)
-        engine = SpeculativeEngine(
-            module.verifier,
-            drafter,
-            schedule=DraftSchedule("constant", module.train_cfg.max_offset),
-            settings=GenerationSettings(max_new_tokens=VAL_MAX_NEW_TOKENS),
-            vocab_size=module.vocab_size,
-            eos_token_ids=module.eos_token_ids,
-            pad_token_id=module.pad_token_id,
-        )
-        results = [engine.generate([p])[0] for p in prompts]
+        return greedy_tau(
+            module.verifier, drafter, prompts, module.train_cfg.max_offset, module.vocab_size,
+            module.eos_token_ids, module.pad_token_id,
+        )  # fmt: skip
     finally:
         module.train(was_training)
-    rounds = sum(len(r.rounds) for r in results)
-    return sum(len(r.output_ids) for r in results) / max(rounds, 1)
 
 
 def build_drafter_training(

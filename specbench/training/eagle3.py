@@ -36,11 +36,11 @@ from specbench.training.batches import TargetSpec, dense_targets, verifier_batch
 from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
 from specbench.training.synth_data import SyntheticDataModule, collate_cached
 from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
+from specbench.training.validation import greedy_tau
 from specbench.values import EAGLE3_INIT_LAYERS
 
 TTT_STEPS = 7
 LOSS_DECAY = 0.8
-VAL_MAX_NEW_TOKENS = 32
 METHOD = "eagle3"
 
 
@@ -250,28 +250,16 @@ class Eagle3Training(TrainedOnlyCheckpoint, L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
 
 
-@torch.no_grad()
 def speculative_tau(module: Eagle3Training, prompts: list[list[int]]) -> float:
     """Greedy speculative decoding of ``prompts`` with the current head (γ = ttt_steps): tokens per round."""
-    from specbench.decoding.engine import GenerationSettings, SpeculativeEngine
-    from specbench.decoding.schedules import DraftSchedule
-
     was_training = module.head.training
     try:
-        engine = SpeculativeEngine(
-            module.verifier,
-            Eagle3Drafter(module.head),
-            schedule=DraftSchedule("constant", module.steps),
-            settings=GenerationSettings(max_new_tokens=VAL_MAX_NEW_TOKENS),
-            vocab_size=module.targets.vocab.vocab_size,
-            eos_token_ids=module.eos_token_ids,
-            pad_token_id=module.pad_token_id,
-        )
-        results = [engine.generate([p])[0] for p in prompts]
+        return greedy_tau(
+            module.verifier, Eagle3Drafter(module.head), prompts, module.steps, module.targets.vocab.vocab_size,
+            module.eos_token_ids, module.pad_token_id,
+        )  # fmt: skip
     finally:
         module.head.train(was_training)
-    rounds = sum(len(r.rounds) for r in results)
-    return sum(len(r.output_ids) for r in results) / max(rounds, 1)
 
 
 # --- building it from the config ------------------------------------------------------------------------

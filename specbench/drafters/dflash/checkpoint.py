@@ -105,28 +105,67 @@ def load_dflash(directory: str | Path, verifier: nn.Module | None = None) -> DFl
     config = DFlashConfig.from_dict(raw)
     if verifier is not None:
         check_pair(config, verifier, f"DFlash checkpoint {str(directory)!r}")
-    model = DFlashDraftModel(config)
+    return _with_weights(DFlashDraftModel(config), state, f"DFlash checkpoint {str(directory)!r}", verifier)
+
+
+def _with_weights(
+    model: DFlashDraftModel, state: dict[str, torch.Tensor], source: str, verifier: nn.Module | None
+) -> DFlashDraftModel:
+    """``model`` with exactly the weights ``state`` names (the shared embedding / LM head ignored), on the
+    verifier's device and dtype when given; a missing, extra or misshapen weight is an error."""
     state = {k: v for k, v in state.items() if k not in SHARED}
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
         raise DFlashCheckpointError(
-            f"DFlash checkpoint {str(directory)!r} does not match its config.json: missing {missing[:4]}, "
-            f"unexpected {unexpected[:4]}"
+            f"{source} does not match its config: missing {missing[:4]}, unexpected {unexpected[:4]}"
         )
     wrong = [k for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
     if wrong:
         k = wrong[0]
         raise DFlashCheckpointError(
-            f"DFlash checkpoint {str(directory)!r}: {k} has shape {tuple(state[k].shape)}, config.json implies "
-            f"{tuple(expected[k].shape)}"
+            f"{source}: {k} has shape {tuple(state[k].shape)}, its config implies {tuple(expected[k].shape)}"
         )
     model.load_state_dict({k: v.float() for k, v in state.items()})
     if verifier is not None:
         param = next(verifier.parameters())
         model = model.to(device=param.device, dtype=param.dtype)
     return model.eval().requires_grad_(False)
+
+
+TRAINED_PREFIX = "draft."  # the draft network's weights in a task=train method=dflash checkpoint
+
+
+def read_trained(path: str | Path) -> tuple[DFlashConfig, dict[str, torch.Tensor], dict]:
+    """(config, draft weights, metadata) of a ``task=train method=dflash`` ``trained.pt`` / ``last.ckpt``."""
+    from specbench.models.checkpoints import read_checkpoint
+
+    state, metadata = read_checkpoint(path)
+    if metadata.get("method") != "dflash" or "dflash_config" not in metadata:
+        raise DFlashCheckpointError(
+            f"{str(path)!r} is a method={metadata.get('method')!r} checkpoint, not a DFlash drafter (the trained.pt "
+            "of task=train method=dflash); a z-lab layout directory loads as it is"
+        )
+    weights = {k.removeprefix(TRAINED_PREFIX): v for k, v in state.items() if k.startswith(TRAINED_PREFIX)}
+    return DFlashConfig.from_dict(metadata["dflash_config"]), weights, metadata
+
+
+def load_trained_dflash(path: str | Path, verifier: Any, vocab_size: int) -> DFlashDraftModel:
+    """The draft network ``task=train method=dflash`` saved, checked against ``verifier`` (a LoadedModel:
+    the same name, weights and tokenizer it was trained on, as for EAGLE-3 heads)."""
+    from specbench.drafters.eagle3_checkpoint import IDENTITY_KEYS, verifier_identity
+    from specbench.models.pair import metadata_differences
+
+    config, weights, metadata = read_trained(path)
+    shown = metadata_differences(metadata, verifier_identity(verifier, vocab_size), IDENTITY_KEYS)
+    if shown:
+        raise DFlashCheckpointError(
+            f"{str(path)!r} was trained for another verifier ({shown}); use the model/verifier it was trained "
+            "with, or train one for this verifier (task=train method=dflash)"
+        )
+    check_pair(config, verifier.model, f"DFlash drafter {str(path)!r}")
+    return _with_weights(DFlashDraftModel(config), weights, f"DFlash drafter {str(path)!r}", verifier.model)
 
 
 def export_dflash(model: DFlashDraftModel, directory: str | Path, dtype: torch.dtype | None = None) -> Path:

@@ -40,7 +40,7 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
     return tuple(round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers))
 
 
-def _rope(raw: dict[str, Any]) -> dict[str, Any]:
+def rope_parameters(raw: dict[str, Any]) -> dict[str, Any]:
     """The rope parameters in transformers-5 form (``rope_type``, ``rope_theta``, scaling fields)."""
     params = dict(raw.get("rope_parameters") or {})
     scaling = raw.get("rope_scaling")
@@ -149,7 +149,7 @@ class DFlashConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             attention_bias=bool(raw.get("attention_bias", False)),
             max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
-            rope=_rope(raw),
+            rope=rope_parameters(raw),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from specbench.drafters.base import Drafter, Proposal, VerifierNeeds, VerifierView
-from specbench.drafters.dflash.checkpoint import check_pair, load_dflash
+from specbench.drafters.dflash.checkpoint import check_pair, load_dflash, load_trained_dflash
 from specbench.drafters.dflash.model import DFlashDraftModel
 
 
@@ -165,19 +165,26 @@ class DFlashDrafter(Drafter):
 def dflash_drafter(
     path: str | None, verifier: Any, vocab_size: int, block_size: int | None = None
 ) -> DFlashDrafter:
-    """``model/drafter=dflash``: the z-lab layout directory at ``path`` (``model.drafter.params.path``) for
-    this verifier (a ``LoadedModel``); ``block_size`` (null: the checkpoint's) sets the slots per forward."""
+    """``model/drafter=dflash``: ``path`` (``model.drafter.params.path``) is the ``trained.pt`` / ``last.ckpt``
+    of ``task=train method=dflash``, a z-lab layout directory or a hub id, for this verifier (a
+    ``LoadedModel``); ``block_size`` (null: the checkpoint's) sets the slots per forward."""
+    from specbench.models.checkpoints import resolve_project_path
+
     if not path:
         raise ValueError(
-            "model.drafter.params.path is null: pass a DFlash checkpoint directory in the z-lab layout "
-            "(config.json + model.safetensors), e.g. a download of z-lab/Qwen3-8B-DFlash-b16"
+            "model.drafter.params.path is null: pass a DFlash checkpoint: the trained.pt of task=train "
+            "method=dflash, or a directory in the z-lab layout (config.json + model.safetensors), e.g. a download "
+            "of z-lab/Qwen3-8B-DFlash-b16"
         )
     model = getattr(verifier, "model", verifier)
-    directory = Path(str(path)).expanduser()
-    if not directory.is_dir():
-        from huggingface_hub import snapshot_download
+    source = Path(resolve_project_path(str(path))).expanduser()
+    if source.is_file():
+        draft = load_trained_dflash(source, verifier, vocab_size)
+        name = f"dflash ({source.parent.name or source.name})"
+    else:
+        if not source.is_dir():
+            from huggingface_hub import snapshot_download
 
-        directory = Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
-    return DFlashDrafter(
-        load_dflash(directory, model), model, vocab_size, block_size, f"dflash ({directory.name})"
-    )
+            source = Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
+        draft, name = load_dflash(source, model), f"dflash ({source.name})"
+    return DFlashDrafter(draft, model, vocab_size, block_size, name)

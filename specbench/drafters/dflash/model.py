@@ -97,16 +97,20 @@ class DFlashAttention(nn.Module):
         k = apply_rope(self.k_norm(self._split(self.k_proj(x), self.kv_heads)), *rope)
         return k, self._split(self.v_proj(x), self.kv_heads)
 
-    def forward(self, x, rope, context_k, context_v, context_valid) -> torch.Tensor:
+    def forward(self, x, rope, context_k, context_v, context_valid, block_mask=None) -> torch.Tensor:
         """Block inputs ``x`` (B, W, H) attend to the context keys (B, kv, S, D) where ``context_valid``
-        (B, S), and to every block slot (no causal mask)."""
+        (B, S) or, given, ``block_mask`` (B, W, S + W) (training: many blocks at once), and to every block
+        slot (no causal mask)."""
         q = apply_rope(self.q_norm(self._split(self.q_proj(x), self.heads)), *rope)
         k, v = self.keys_values(x, rope)
         k, v = torch.cat([context_k, k], dim=2), torch.cat([context_v, v], dim=2)
         groups = self.heads // self.kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        block = torch.ones(x.shape[0], x.shape[1], dtype=torch.bool, device=x.device)
-        mask = torch.cat([context_valid, block], dim=1)[:, None, None, :]
+        if block_mask is None:
+            block = torch.ones(x.shape[0], x.shape[1], dtype=torch.bool, device=x.device)
+            mask = torch.cat([context_valid, block], dim=1)[:, None, None, :]
+        else:
+            mask = block_mask[:, None]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
 
@@ -130,8 +134,8 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config)
 
-    def forward(self, h, rope, context_k, context_v, context_valid) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope, context_k, context_v, context_valid)
+    def forward(self, h, rope, context_k, context_v, context_valid, block_mask=None) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope, context_k, context_v, context_valid, block_mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -149,6 +153,13 @@ class ContextCache:
         self.keys = [empty] * layers
         self.values = [empty] * layers
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
+
+    @classmethod
+    def of(cls, kv: list[tuple[torch.Tensor, torch.Tensor]], valid: torch.Tensor) -> ContextCache:
+        """A cache holding ``kv`` (per layer, (B, kv, S, D) each) as they are, gradients kept (training)."""
+        cache = cls.__new__(cls)
+        cache.keys, cache.values, cache.valid = [k for k, _ in kv], [v for _, v in kv], valid
+        return cache
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -246,14 +257,17 @@ class DFlashDraftModel(nn.Module):
         positions: torch.Tensor,
         cache: ContextCache,
         layer_outputs: bool = False,
+        block_mask: torch.Tensor | None = None,
     ):
         """The final-normed hidden states (B, W, H) of a block at ``positions`` (B, W) given the context in
-        ``cache``; with ``layer_outputs``, also every draft layer's output (before the final norm)."""
+        ``cache``; with ``layer_outputs``, also every draft layer's output (before the final norm).
+        ``block_mask`` (B, W, S + W): which context entries and slots each slot attends to (default: every
+        valid context entry and every slot), so that training runs many blocks as one."""
         h = block_embeds.to(self.dtype)
         rope = self.rotary(h, positions)
         outputs = []
         for i, layer in enumerate(self.layers):
-            h = layer(h, rope, cache.keys[i], cache.values[i], cache.valid)
+            h = layer(h, rope, cache.keys[i], cache.values[i], cache.valid, block_mask)
             outputs.append(h)
         normed = self.norm(h)
         return (normed, outputs) if layer_outputs else normed

@@ -1,0 +1,33 @@
+"""benchmarks/harness.py's round figures: per-position acceptance and the drafting share of decoding time."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from harness import acceptance_by_position, round_figures
+
+
+def answer(drafted, accepted, draft_time=0.0, verify_time=0.0):
+    choice = {"drafted": drafted, "accepted": accepted, "draft_time": draft_time, "verify_time": verify_time}
+    return {"choices": [choice]}
+
+
+def test_acceptance_at_position_k_is_conditional_on_reaching_it():
+    rows = [answer([3, 3, 1, 0], [3, 1, 0, 0]), answer([2, 4], [0, 2])]
+    # position 1: drafted in 5 rounds, accepted in 3 (3, 1, 2) -> 3/5
+    # position 2: reached (drafted >= 2 and accepted >= 1) in rounds (3,3), (3,1), (4,2): kept in 2 -> 2/3
+    # position 3: reached in (3,3) and (4,2): kept in 1 -> 1/2
+    assert acceptance_by_position(rows, 4) == [pytest.approx(0.6), pytest.approx(2 / 3), 0.5, None]
+
+
+def test_round_figures_give_acceptance_and_draft_share_only_for_speculative_rows():
+    rows = [answer([2, 2], [2, 0], draft_time=1.0, verify_time=3.0), answer([1], [1], 0.5, 0.5)]
+    figures = round_figures(rows)
+    assert figures["acc_pos1"]["value"] == pytest.approx(2 / 3)
+    assert figures["acc_pos2"]["value"] == 1.0 and "acc_pos3" not in figures
+    assert figures["draft_share"]["value"] == pytest.approx(1.5 / 5.0)
+    assert round_figures([{"choices": [{"new_tokens": [3]}]}]) == {}
