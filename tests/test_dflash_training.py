@@ -284,6 +284,11 @@ def test_lightning_fit_resumes_loads_for_lossless_decoding_and_exports(verifier,
     for name, param in resumed.draft.named_parameters():
         torch.testing.assert_close(dict(loaded.named_parameters())[name], param.to(torch.bfloat16).float())
     assert export_main([str(tmp_path / "features" / "features.json"), str(tmp_path / "x")]) == 2
+    # --compact: a bf16 trained.pt that loads (verifier checks kept) as the rounded network
+    assert export_main([str(path), str(tmp_path / "small.pt"), "--compact"]) == 0
+    small = dflash_drafter(str(tmp_path / "small.pt"), verifier, VOCAB)
+    for name, param in resumed.draft.named_parameters():
+        torch.testing.assert_close(dict(small.model.named_parameters())[name], param.to(torch.bfloat16).float())
 
 
 def test_a_checkpoint_of_another_method_is_refused_by_the_loader_and_the_export(verifier, tmp_path):

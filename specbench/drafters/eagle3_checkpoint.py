@@ -88,15 +88,18 @@ def load_trained_eagle3(path: str | Path, verifier: Any, vocab_size: int) -> tup
     return head.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False), metadata
 
 
-def compact_checkpoint(source: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write the head weights of a trained.pt / last.ckpt in ``dtype`` with the same metadata (no optimiser
-    state): the file to commit or share. Loading casts the weights back to the verifier's dtype."""
+def compact_checkpoint(
+    source: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat16, method: str = "eagle3"
+) -> Path:
+    """Write the weights of a ``method`` trained.pt / last.ckpt (an EAGLE-3 head, a DFlash drafter) in ``dtype``
+    with the same metadata (no optimiser state): the file to commit or share. Loading casts the weights back
+    to the verifier's dtype."""
     from specbench.models.checkpoints import read_checkpoint
     from specbench.models.pair import CheckpointMismatchError
 
     state, metadata = read_checkpoint(source)
-    if metadata.get("method") != "eagle3":
-        raise CheckpointMismatchError(f"{str(source)!r} is not an EAGLE-3 head (method={metadata.get('method')!r})")
+    if metadata.get("method") != method:
+        raise CheckpointMismatchError(f"{str(source)!r} is a method={metadata.get('method')!r} checkpoint, not {method}")
     weights = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

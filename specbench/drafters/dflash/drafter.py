@@ -107,8 +107,9 @@ class DFlashDrafter(Drafter):
         self.cache.select_rows(rows.to(self.device))
 
     @torch.no_grad()
-    def draft_logits(self, state, want_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft forward: (logits (B, block_size − 1, vocab_size) float32, final-normed hidden)."""
+    def draft_logits(self, state, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft forward of the whole block: (logits (B, width, vocab_size) float32 of the first ``width``
+        mask slots (default all ``block_size − 1``; the LM head runs on those only), their final-normed hidden)."""
         lengths = state.lengths().to(self.device)
         held = self.cache.lengths
         if not torch.equal(held, lengths - 1):
@@ -121,6 +122,7 @@ class DFlashDrafter(Drafter):
             0
         )
         hidden = self.model(self.model.embed_block(ids, self._embedding[0]), positions, self.cache)[:, 1:]
+        hidden = hidden[:, : self.block_size - 1 if width is None else width]
         head = self._lm_head[0]
         logits = head(hidden.to(head.weight.dtype))[..., : self.vocab_size].float()
         return logits, hidden
@@ -132,7 +134,7 @@ class DFlashDrafter(Drafter):
         width = int(caps.max()) if batch else 0
         if width == 0:
             return Proposal.empty(batch, device)
-        logits, hidden = self.draft_logits(state, want_hidden)
+        logits, hidden = self.draft_logits(state, width)
         drafting = caps > 0
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         tokens, qs = [], []

@@ -2,6 +2,7 @@
 layout z-lab/dflash, SGLang and ``model/drafter=dflash`` read::
 
     python -m specbench.drafters.dflash.export RUN/trained.pt OUT_DIR [--dtype bfloat16]
+    python -m specbench.drafters.dflash.export RUN/trained.pt OUT.pt --compact   # a bf16 trained.pt to commit
 
 The export holds the draft network only: the verifier's embedding and LM head are shared, as in z-lab's
 checkpoints. A drafter trained with a learned mask embedding (``train.dflash_mask_token_id=null``) exports
@@ -42,8 +43,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoint", help="trained.pt or last.ckpt of task=train method=dflash")
     parser.add_argument("out", help="the directory to write config.json and model.safetensors into")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    parser.add_argument(
+        "--compact", action="store_true",
+        help="write OUT as a trained.pt in --dtype without optimiser state (it keeps the verifier checks)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
+        if args.compact:
+            from specbench.drafters.eagle3_checkpoint import compact_checkpoint
+
+            read_trained(args.checkpoint)  # a DFlash checkpoint, or a named error
+            print(f"wrote {compact_checkpoint(args.checkpoint, args.out, DTYPES[args.dtype], 'dflash')}")
+            return 0
         path = export_trained(args.checkpoint, args.out, DTYPES[args.dtype])
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
