@@ -99,7 +99,10 @@ def compact_checkpoint(
 
     state, metadata = read_checkpoint(source)
     if metadata.get("method") != method:
-        raise CheckpointMismatchError(f"{str(source)!r} is a method={metadata.get('method')!r} checkpoint, not {method}")
+        what = {"eagle3": "an EAGLE-3 head", "dflash": "a DFlash drafter"}.get(method, f"method={method}")
+        raise CheckpointMismatchError(
+            f"{str(source)!r} is not {what} (a method={metadata.get('method')!r} checkpoint)"
+        )
     weights = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
