@@ -160,10 +160,16 @@ def main(argv=None) -> int:
                 SpeculativeEngine(model, load_eagle3_drafter(path, verifier, vocab),
                                   schedule=DraftSchedule("constant", gamma), **common),
             ))  # fmt: skip
+    dflash_gammas = [int(g) for g in args.dflash_gammas.split(",") if g.strip()] if args.dflash else []
     if args.dflash:
         from specbench.drafters.dflash.drafter import dflash_drafter
 
-        for gamma in [int(g) for g in args.dflash_gammas.split(",") if g.strip()]:
+        profiles["dflash"] = measure_profile(
+            verifier, dflash_drafter(args.dflash, verifier, vocab), vocab, max(dflash_gammas) + 1, context_len=256,
+            repeats=7,
+        )  # fmt: skip
+        print(f"dflash {args.dflash}:\n{profiles['dflash'].table()}", file=sys.stderr)
+        for gamma in dflash_gammas:
             runners.append(engine_runner(
                 f"dflash-g{gamma}",
                 SpeculativeEngine(model, dflash_drafter(args.dflash, verifier, vocab),
@@ -227,6 +233,10 @@ def main(argv=None) -> int:
     print(format_table(figures))
     for path in heads:
         print(f"head cost c = {profiles[path].c:.3f} (time per drafted token / one-token verifier forward): {path}")
+    if args.dflash:
+        c = profiles["dflash"].c
+        print(f"dflash cost c = {c:.3f} per drafted token at γ {max(dflash_gammas)} (one forward drafts them all: "
+              f"{c * max(dflash_gammas):.2f} one-token verifier forwards per round): {args.dflash}")
     for label, s in learning.items():
         verify, _ = s.costs.relative()
         print(f"{label}: v(n) learned over {s.costs.rounds} rounds (load x{s.costs.load_scale:.2f} the profile's): "

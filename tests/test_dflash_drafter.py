@@ -306,7 +306,7 @@ def test_the_factory_loads_an_exported_draft_for_a_loaded_verifier(verifier, dra
     loaded = LoadedModel(verifier, byte_tokenizer(), ModelSpec(kind="tiny_random"), "tiny")
     drafter = dflash_drafter(str(tmp_path / "draft"), loaded, VOCAB)
     assert drafter.describe() == {"drafter": "dflash (draft)", "drafter_kind": "dflash",
-                                  "target_layer_ids": list(TAPS), "block_size": BLOCK}  # fmt: skip
+                                  "target_layer_ids": list(TAPS), "block_size": BLOCK, "draft_vocab_size": None}  # fmt: skip
     prompt = prompts_for(1, seed=5)[0]
     result = engine_for(verifier, drafter, gamma=3, max_new=16).generate([prompt])[0]
     assert result.output_ids == greedy(verifier, prompt, 16) and sum(r.accepted for r in result.rounds) > 0

@@ -20,6 +20,7 @@ from specbench.drafters.dflash.checkpoint import DFlashCheckpointError, load_dfl
 from specbench.drafters.dflash.drafter import dflash_drafter
 from specbench.drafters.dflash.export import export_trained as export_zlab
 from specbench.drafters.dflash.export import main as export_main
+from specbench.models.draft_vocab import DraftVocab
 from specbench.models.loading import LoadedModel, load_verifier
 from specbench.models.spec import ModelSpec
 from specbench.models.tiny import EOS_ID, PAD_ID
@@ -144,7 +145,10 @@ def test_anchors_are_distinct_seeded_response_predicting_positions():
     assert counts[4:15].min() > 0.6 * 300 * 3 / 11
 
 
-def test_loss_is_the_decayed_weighted_cross_entropy_of_scored_slots(verifier, data):
+@pytest.mark.parametrize("reduced", [False, True])
+def test_loss_is_the_decayed_weighted_cross_entropy_of_scored_slots(verifier, data, reduced):
+    """Over the full vocabulary, and over a draft vocabulary (its LM-head rows; a label outside it is a miss
+    and out of the loss)."""
     draft = random_draft(verifier, seed=3).eval()
     rows = [data["train"][i] for i in range(3)]
     batch = batch_of(rows, verifier, draft)
@@ -152,17 +156,21 @@ def test_loss_is_the_decayed_weighted_cross_entropy_of_scored_slots(verifier, da
     anchors, keep = sample_anchors(predict, 8, torch.Generator().manual_seed(2))
     head = verifier.model.get_output_embeddings()
     gamma = 4.0
+    vocab = DraftVocab(list(range(32, 100)) + [EOS_ID], VOCAB) if reduced else DraftVocab.full(VOCAB)
     with torch.no_grad():
-        out = block_loss(draft, verifier.model.get_input_embeddings(), head, batch, anchors, keep, WIDTH, gamma, VOCAB)
-        expected = _expected_loss(verifier, draft, rows, anchors, keep, head, gamma)
-    total, weight, leading, correct, scored = expected
+        out = block_loss(draft, verifier.model.get_input_embeddings(), head, batch, anchors, keep, WIDTH, gamma, vocab)
+        expected = _expected_loss(verifier, draft, rows, anchors, keep, head, gamma, vocab)
+    total, weight, leading, correct, scored, outside = expected
     assert float(out["loss"]) == pytest.approx(total / weight, rel=1e-4)
+    assert (outside > 0) == reduced  # the reduced vocabulary leaves labels outside: the miss path runs
     assert out["correct"].tolist() == correct.tolist() and out["scored"].tolist() == scored.tolist()
     assert int(out["leading"]) == leading and int(out["blocks"]) == int(keep.sum())
 
 
-def _expected_loss(verifier, draft, rows, anchors, keep, head, gamma):
+def _expected_loss(verifier, draft, rows, anchors, keep, head, gamma, vocab):
     """The loss and counts, block by block and slot by slot on the decoding path."""
+    ids_of = vocab.draft_ids.tolist()
+    outside = 0
     total = weight = leading = 0.0
     correct, scored = torch.zeros(WIDTH - 1), torch.zeros(WIDTH - 1)
     for b, row in enumerate(rows):
@@ -171,21 +179,24 @@ def _expected_loss(verifier, draft, rows, anchors, keep, head, gamma):
             if not keep[b, n]:
                 continue
             a = int(anchors[b, n])
-            logits = head(decoding_block(verifier, draft, ids, a))[:, :VOCAB]
+            logits = head(decoding_block(verifier, draft, ids, a))[:, ids_of]
             run = True
             for k in range(1, WIDTH):
                 if a + k >= len(ids) or not mask[a + k]:
                     run = False
                     continue
                 w = math.exp(-(k - 1) / gamma)
-                total += w * float(F.cross_entropy(logits[k - 1 : k], torch.tensor([ids[a + k]])))
                 weight += w
-                right = int(logits[k - 1].argmax()) == ids[a + k]
+                outside += ids[a + k] not in ids_of
+                if ids[a + k] in ids_of:
+                    target = torch.tensor([ids_of.index(ids[a + k])])
+                    total += w * float(F.cross_entropy(logits[k - 1 : k], target))
+                right = ids_of[int(logits[k - 1].argmax())] == ids[a + k]
                 correct[k - 1] += right
                 scored[k - 1] += 1
                 run = run and right
                 leading += run
-    return total, weight, leading, correct, scored
+    return total, weight, leading, correct, scored, outside
 
 
 def test_draft_config_follows_the_verifier_and_names_bad_settings(verifier):
@@ -209,7 +220,7 @@ def test_training_lowers_the_loss_and_raises_the_agreement(verifier, data):
 
     def step(seed):
         anchors, keep = sample_anchors(predict, 8, torch.Generator().manual_seed(seed))
-        return block_loss(draft, embedding, head, batch, anchors, keep, WIDTH, 4.0, VOCAB)
+        return block_loss(draft, embedding, head, batch, anchors, keep, WIDTH, 4.0, DraftVocab.full(VOCAB))
 
     first = step(0)
     for seed in range(60):
@@ -289,6 +300,36 @@ def test_lightning_fit_resumes_loads_for_lossless_decoding_and_exports(verifier,
     small = dflash_drafter(str(tmp_path / "small.pt"), verifier, VOCAB)
     for name, param in resumed.draft.named_parameters():
         torch.testing.assert_close(dict(small.model.named_parameters())[name], param.to(torch.bfloat16).float())
+
+
+def test_a_draft_vocabulary_is_trained_saved_and_drafted_over_losslessly(verifier, synth_dir, tmp_path):
+    cfg = train_cfg(synth_dir, tmp_path, dflash_draft_vocab_size=40, feature_cache=None, val_prompts=1)
+    module, _, metrics = fit(cfg, verifier, tmp_path / "run", 2)
+    assert "val/tau" in metrics.last
+    path = export_trained(module, module.metadata(), tmp_path / "trained.pt")
+    drafter = dflash_drafter(str(path), verifier, VOCAB)
+    assert drafter.draft_vocab.size == 40 and drafter.describe()["draft_vocab_size"] == 40
+    prompts = [[33, 34, 35, 36, 37], [70, 71, 72]]
+    engine = SpeculativeEngine(
+        verifier.model, drafter, schedule=DraftSchedule("constant", WIDTH - 1),
+        settings=GenerationSettings(max_new_tokens=12), vocab_size=VOCAB, eos_token_ids=[EOS_ID], pad_token_id=PAD_ID,
+    )  # fmt: skip
+    seen = []
+    original = drafter.draft_logits
+
+    def recording(state, width=None):
+        logits, hidden = original(state, width)
+        seen.append(logits)
+        return logits, hidden
+
+    drafter.draft_logits = recording
+    results = engine.generate(prompts)
+    assert [r.output_ids for r in results] == [greedy_reference(verifier, p, 12) for p in prompts]
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[drafter.draft_vocab.draft_ids] = False
+    assert seen and all(torch.isinf(x[..., outside]).all() and torch.isfinite(x[..., ~outside]).all() for x in seen)
+    assert export_main([str(path), str(tmp_path / "zlab")]) == 2  # the z-lab layout has no draft vocabulary
+    assert export_main([str(path), str(tmp_path / "small.pt"), "--compact"]) == 0
 
 
 def test_a_checkpoint_of_another_method_is_refused_by_the_loader_and_the_export(verifier, tmp_path):

@@ -238,6 +238,7 @@ class TrainConfig:
     dflash_mask_token_id: int | None = None  # the verifier's mask token row (None: a learned mask embedding)
     dflash_anchors: int = 32  # blocks (random anchors) per sequence and step (SpecForge: 512)
     dflash_loss_gamma: float | None = 7.0  # slot k weighted exp(-(k-1)/gamma) (paper: 7 / 5 / 4 for W 16 / 10 / 8)
+    dflash_draft_vocab_size: int | None = None  # LM-head rows of the most frequent response tokens (None: all; z-lab)
     # The verifier-feature cache (eagle3, dflash, distill, sd2; docs/training.md#verifier-feature-cache-and-draft-vocabulary)
     feature_cache: str | None = None  # DIR: verifier taps + targets computed once, shared by trainings
     feature_top_k: int | None = None  # targets: top-k of the verifier's draft-vocabulary distribution (None: all)

@@ -195,6 +195,10 @@ def _check_dflash_training(cfg: DictConfig, train: dict[str, Any]) -> None:
         )
     if train["init_head"] is not None:
         raise ConfigError("train.init_head continues an EAGLE-3 head; method=dflash resumes from last.ckpt instead")
+    if train["dflash_draft_vocab_size"] is not None and train["dflash_draft_vocab_size"] < 1:
+        raise ConfigError(
+            f"train.dflash_draft_vocab_size must be >= 1 or null, got {train['dflash_draft_vocab_size']}"
+        )
     _check_feature_keys(train)
 
 

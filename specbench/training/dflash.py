@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from specbench.drafters.dflash.config import DFlashConfig, default_target_layer_ids, rope_parameters
 from specbench.drafters.dflash.drafter import DFlashDrafter
 from specbench.drafters.dflash.model import ContextCache, DFlashDraftModel
+from specbench.models.draft_vocab import DraftVocab, draft_vocab_for, vocab_metadata
 from specbench.training.batches import predict_positions, verifier_batch
 from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
 from specbench.training.synth_data import SyntheticDataModule
@@ -104,11 +105,12 @@ def block_loss(
     keep: torch.Tensor,
     width: int,
     gamma: float | None,
-    vocab_size: int,
+    vocab: DraftVocab,
 ) -> dict[str, torch.Tensor]:
     """The weighted block cross-entropy of one batch (module docstring) and, per slot ``k = 1 .. W − 1``,
     the agreeing and scored counts (``correct`` / ``scored``, (W − 1,)), plus ``leading`` (the summed count
-    of leading agreeing slots per kept block) and ``blocks`` (kept blocks)."""
+    of leading agreeing slots per kept block) and ``blocks`` (kept blocks). Over a reduced ``vocab`` the
+    logits are its LM-head rows; a label outside it is scored as a miss and left out of the loss."""
     ids, attention = batch["input_ids"], batch["attention_mask"].bool()
     loss_mask = batch["loss_mask"].bool()
     size, length = ids.shape
@@ -124,12 +126,14 @@ def block_loss(
     decay = torch.exp(-(k - 1) / gamma) if gamma else torch.ones_like(k)
     weights = scored.float() * decay
     chosen = scored.nonzero(as_tuple=True)
-    logits = lm_head(hidden[chosen].to(lm_head.weight.dtype))[..., :vocab_size].float()
-    losses = F.cross_entropy(logits, labels[chosen], reduction="none")
-    loss = (losses * weights[chosen]).sum() / weights.sum().clamp(min=1e-6)
+    logits = vocab_logits(lm_head, hidden[chosen], vocab)
+    targets = vocab.to_draft(labels[chosen])
+    inside = targets >= 0
+    losses = F.cross_entropy(logits[inside], targets[inside], reduction="none")
+    loss = (losses * weights[chosen][inside]).sum() / weights.sum().clamp(min=1e-6)
     with torch.no_grad():
         agree = torch.zeros_like(scored)
-        agree[chosen] = logits.argmax(dim=-1) == labels[chosen]
+        agree[chosen] = logits.argmax(dim=-1) == targets
         leading = torch.cumprod(agree.long(), dim=-1).sum(dim=-1)
     return {
         "loss": loss,
@@ -138,6 +142,13 @@ def block_loss(
         "leading": leading[keep].sum(),
         "blocks": keep.sum(),
     }
+
+
+def vocab_logits(lm_head: torch.nn.Module, hidden: torch.Tensor, vocab: DraftVocab) -> torch.Tensor:
+    """float32 logits over ``vocab`` (draft ids) from the verifier's LM head rows of its tokens."""
+    weight = lm_head.weight
+    rows = weight[: vocab.vocab_size] if vocab.is_full else weight.index_select(0, vocab.draft_ids.to(weight.device))
+    return F.linear(hidden.to(weight.dtype), rows).float()
 
 
 def tau_estimate(leading: float, blocks: float) -> float:
@@ -156,7 +167,7 @@ class DFlashTraining(TrainedOnlyCheckpoint, L.LightningModule):
         verifier: torch.nn.Module,
         draft: DFlashDraftModel,
         train: Any,
-        vocab_size: int,
+        vocab: DraftVocab,
         metadata: dict,
         val_prompts: Sequence[Sequence[int]] = (),
         eos_token_ids: Sequence[int] = (),
@@ -166,7 +177,8 @@ class DFlashTraining(TrainedOnlyCheckpoint, L.LightningModule):
         self._verifier = [verifier]
         self.draft = draft  # its weights are saved as draft.* (checkpoint.TRAINED_PREFIX)
         self.train_cfg = train
-        self.vocab_size = vocab_size
+        self.vocab = vocab
+        self.vocab_size = vocab.vocab_size
         self.width = draft.config.block_size
         self.anchors = int(option(train, "dflash_anchors", 32))
         self.gamma = option(train, "dflash_loss_gamma", None)
@@ -193,7 +205,7 @@ class DFlashTraining(TrainedOnlyCheckpoint, L.LightningModule):
         anchors, keep = sample_anchors(predict, self.anchors, generator)
         return block_loss(
             self.draft, self.verifier.get_input_embeddings(), self.verifier.get_output_embeddings(), batch,
-            anchors, keep, self.width, self.gamma, self.vocab_size,
+            anchors, keep, self.width, self.gamma, self.vocab,
         )  # fmt: skip
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -231,7 +243,7 @@ class DFlashTraining(TrainedOnlyCheckpoint, L.LightningModule):
     def speculative_tau(self) -> float:
         was_training = self.draft.training
         try:
-            drafter = DFlashDrafter(self.draft, self.verifier, self.vocab_size)
+            drafter = DFlashDrafter(self.draft, self.verifier, self.vocab_size, draft_vocab=self.vocab)
             return greedy_tau(
                 self.verifier, drafter, self.val_prompts, self.width - 1, self.vocab_size, self.eos_token_ids,
                 self.pad_token_id,
@@ -322,6 +334,9 @@ def build_dflash_training(
     data, data_meta = load_synthetic(str(train.data))
     check_synthetic_source(data_meta, verifier.name, tokenizer_hash(verifier.tokenizer), train.data)
     config = draft_config(verifier.model, train)
+    vocab, coverage = draft_vocab_for(
+        data, option(train, "dflash_draft_vocab_size", None), vocab_size, "train.dflash_draft_vocab_size"
+    )
     draft = DFlashDraftModel(config).float()
     init_layer = option(train, "init_layer", "random")
     if init_layer == "verifier_last":
@@ -351,6 +366,8 @@ def build_dflash_training(
         "drafter_kind": "dflash",
         **verifier_identity(verifier, vocab_size),
         "dflash_config": config.to_dict(),
+        **(vocab_metadata(vocab) if not vocab.is_full else {}),
+        "draft_vocab_coverage": round(coverage, 6),
         "draft_parameters": sum(p.numel() for p in draft.parameters()),
         "dflash_anchors": int(option(train, "dflash_anchors", 32)),
         "dflash_loss_gamma": gamma,
@@ -361,6 +378,6 @@ def build_dflash_training(
     }
     count = min(int(option(train, "val_prompts", 0)), len(data["validation"]))
     val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(count))]
-    module = DFlashTraining(verifier.model, draft, train, vocab_size, metadata, val_prompts, eos_ids, pad_id)
+    module = DFlashTraining(verifier.model, draft, train, vocab, metadata, val_prompts, eos_ids, pad_id)
     datamodule = SyntheticDataModule(data, train.batch_size, pad_id, train.seed, train.num_workers, cache)
     return module, datamodule

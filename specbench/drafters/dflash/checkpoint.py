@@ -24,6 +24,7 @@ from torch import nn
 
 from specbench.drafters.dflash.config import DFlashConfig
 from specbench.drafters.dflash.model import DFlashDraftModel
+from specbench.models.draft_vocab import DraftVocab
 from specbench.models.pair import CheckpointMismatchError
 
 CONFIG_FILE = "config.json"
@@ -151,9 +152,10 @@ def read_trained(path: str | Path) -> tuple[DFlashConfig, dict[str, torch.Tensor
     return DFlashConfig.from_dict(metadata["dflash_config"]), weights, metadata
 
 
-def load_trained_dflash(path: str | Path, verifier: Any, vocab_size: int) -> DFlashDraftModel:
-    """The draft network ``task=train method=dflash`` saved, checked against ``verifier`` (a LoadedModel:
-    the same name, weights and tokenizer it was trained on, as for EAGLE-3 heads)."""
+def load_trained_dflash(path: str | Path, verifier: Any, vocab_size: int) -> tuple[DFlashDraftModel, DraftVocab | None]:
+    """The draft network ``task=train method=dflash`` saved and its draft vocabulary (None: the full one),
+    checked against ``verifier`` (a LoadedModel: the same name, weights and tokenizer it was trained on, as
+    for EAGLE-3 heads)."""
     from specbench.drafters.eagle3_checkpoint import IDENTITY_KEYS, verifier_identity
     from specbench.models.pair import metadata_differences
 
@@ -165,7 +167,9 @@ def load_trained_dflash(path: str | Path, verifier: Any, vocab_size: int) -> DFl
             "with, or train one for this verifier (task=train method=dflash)"
         )
     check_pair(config, verifier.model, f"DFlash drafter {str(path)!r}")
-    return _with_weights(DFlashDraftModel(config), weights, f"DFlash drafter {str(path)!r}", verifier.model)
+    model = _with_weights(DFlashDraftModel(config), weights, f"DFlash drafter {str(path)!r}", verifier.model)
+    vocab = DraftVocab(metadata["draft_vocab_ids"], vocab_size) if metadata.get("draft_vocab_ids") else None
+    return model, vocab
 
 
 def export_dflash(model: DFlashDraftModel, directory: str | Path, dtype: torch.dtype | None = None) -> Path:

@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specbench.drafters.base import Drafter, Proposal, VerifierNeeds, VerifierView
 from specbench.drafters.dflash.checkpoint import check_pair, load_dflash, load_trained_dflash
 from specbench.drafters.dflash.model import DFlashDraftModel
+from specbench.models.draft_vocab import DraftVocab
 
 
 def verifier_needs(target_layer_ids: tuple[int, ...], depth: int) -> VerifierNeeds:
@@ -47,13 +49,22 @@ class DFlashDrafter(Drafter):
         vocab_size: int | None = None,
         block_size: int | None = None,
         name: str = "dflash",
+        draft_vocab: DraftVocab | None = None,
     ):
         check_pair(model.config, verifier)
         self.model = model.eval()
         self.name = name
         self._embedding = [verifier.get_input_embeddings()]  # lists: held by reference, not as submodules
-        self._lm_head = [verifier.get_output_embeddings()]
         self.vocab_size = int(vocab_size or verifier.config.vocab_size)
+        self.draft_vocab = draft_vocab if draft_vocab is not None and not draft_vocab.is_full else None
+        if self.draft_vocab is not None and self.draft_vocab.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"the DFlash draft vocabulary maps into {self.draft_vocab.vocab_size} tokens, the pair shares "
+                f"{self.vocab_size}; use the drafter with the verifier it was trained for"
+            )
+        head = verifier.get_output_embeddings().weight
+        # The LM head rows the draft reads: the draft vocabulary's (q is 0 outside it), else the shared vocabulary.
+        self._rows = [head[: self.vocab_size] if self.draft_vocab is None else head[self.draft_vocab.draft_ids]]
         self.block_size = int(block_size or model.config.block_size)
         if self.block_size < 2:
             raise ValueError(
@@ -123,8 +134,10 @@ class DFlashDrafter(Drafter):
         )
         hidden = self.model(self.model.embed_block(ids, self._embedding[0]), positions, self.cache)[:, 1:]
         hidden = hidden[:, : self.block_size - 1 if width is None else width]
-        head = self._lm_head[0]
-        logits = head(hidden.to(head.weight.dtype))[..., : self.vocab_size].float()
+        rows = self._rows[0]
+        logits = F.linear(hidden.to(rows.dtype), rows).float()
+        if self.draft_vocab is not None:
+            logits = self.draft_vocab.expand_logits(logits)
         return logits, hidden
 
     @torch.no_grad()
@@ -161,6 +174,7 @@ class DFlashDrafter(Drafter):
             "drafter_kind": "dflash",
             "target_layer_ids": list(self.model.config.target_layer_ids),
             "block_size": self.block_size,
+            "draft_vocab_size": self.draft_vocab.size if self.draft_vocab is not None else None,
         }
 
 
@@ -180,8 +194,9 @@ def dflash_drafter(
         )
     model = getattr(verifier, "model", verifier)
     source = Path(resolve_project_path(str(path))).expanduser()
+    draft_vocab = None
     if source.is_file():
-        draft = load_trained_dflash(source, verifier, vocab_size)
+        draft, draft_vocab = load_trained_dflash(source, verifier, vocab_size)
         name = f"dflash ({source.parent.name or source.name})"
     else:
         if not source.is_dir():
@@ -189,4 +204,4 @@ def dflash_drafter(
 
             source = Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
         draft, name = load_dflash(source, model), f"dflash ({source.name})"
-    return DFlashDrafter(draft, model, vocab_size, block_size, name)
+    return DFlashDrafter(draft, model, vocab_size, block_size, name, draft_vocab)

@@ -26,7 +26,13 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 def export_trained(source: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write the draft network of a ``task=train method=dflash`` checkpoint under ``out`` (z-lab layout)."""
-    config, weights, _ = read_trained(source)
+    config, weights, metadata = read_trained(source)
+    if metadata.get("draft_vocab_ids"):
+        raise DFlashCheckpointError(
+            f"{str(source)!r} drafts over a draft vocabulary of {len(metadata['draft_vocab_ids'])} tokens, which the "
+            "z-lab layout cannot hold; train with train.draft_vocab_size=null for an export, or keep the "
+            "trained.pt (--compact)"
+        )
     model = DFlashDraftModel(config)
     expected = set(model.state_dict())
     if set(weights) != expected:
