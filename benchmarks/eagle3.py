@@ -99,9 +99,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="add the suffix drafter alone (constant γ 10; its global tree seeded from --suffix-cache when given)",
     )  # fmt: skip
     parser.add_argument(
-        "--dflash", default=None,
+        "--dflash", action="append", default=None,
         help="a DFlash drafter (trained.pt of task=train method=dflash, or a z-lab layout directory): a row per "
-        "--dflash-gammas value",
+        "--dflash-gammas value; repeat it to compare drafters (rows named by the drafter's folder)",
     )  # fmt: skip
     parser.add_argument("--dflash-gammas", default="7", help="comma list of constant γ for the --dflash rows")
     parser.add_argument("--out-dir", default=None, help="default: outputs/eagle3/TIME")
@@ -161,18 +161,18 @@ def main(argv=None) -> int:
                                   schedule=DraftSchedule("constant", gamma), **common),
             ))  # fmt: skip
     dflash_gammas = [int(g) for g in args.dflash_gammas.split(",") if g.strip()] if args.dflash else []
-    if args.dflash:
+    for path in args.dflash or []:
         from specbench.drafters.dflash.drafter import dflash_drafter
 
-        profiles["dflash"] = measure_profile(
-            verifier, dflash_drafter(args.dflash, verifier, vocab), vocab, max(dflash_gammas) + 1, context_len=256,
-            repeats=7,
+        label = f"[{Path(path).parent.name if Path(path).is_file() else Path(path).name}]" if len(args.dflash) > 1 else ""
+        profiles[f"dflash{label}"] = measure_profile(
+            verifier, dflash_drafter(path, verifier, vocab), vocab, max(dflash_gammas) + 1, context_len=256, repeats=7
         )  # fmt: skip
-        print(f"dflash {args.dflash}:\n{profiles['dflash'].table()}", file=sys.stderr)
+        print(f"dflash {path}:\n{profiles[f'dflash{label}'].table()}", file=sys.stderr)
         for gamma in dflash_gammas:
             runners.append(engine_runner(
-                f"dflash-g{gamma}",
-                SpeculativeEngine(model, dflash_drafter(args.dflash, verifier, vocab),
+                f"dflash{label}-g{gamma}",
+                SpeculativeEngine(model, dflash_drafter(path, verifier, vocab),
                                   schedule=DraftSchedule("constant", gamma), **common),
             ))  # fmt: skip
     if args.suffix:
@@ -233,10 +233,9 @@ def main(argv=None) -> int:
     print(format_table(figures))
     for path in heads:
         print(f"head cost c = {profiles[path].c:.3f} (time per drafted token / one-token verifier forward): {path}")
-    if args.dflash:
-        c = profiles["dflash"].c
-        print(f"dflash cost c = {c:.3f} per drafted token at γ {max(dflash_gammas)} (one forward drafts them all: "
-              f"{c * max(dflash_gammas):.2f} one-token verifier forwards per round): {args.dflash}")
+    for name, cost in ((n, p.c) for n, p in profiles.items() if n.startswith("dflash")):
+        print(f"{name} cost c = {cost:.3f} per drafted token at γ {max(dflash_gammas)} (one forward drafts them all: "
+              f"{cost * max(dflash_gammas):.2f} one-token verifier forwards per round)")
     for label, s in learning.items():
         verify, _ = s.costs.relative()
         print(f"{label}: v(n) learned over {s.costs.rounds} rounds (load x{s.costs.load_scale:.2f} the profile's): "

@@ -339,3 +339,5 @@ def test_a_checkpoint_of_another_method_is_refused_by_the_loader_and_the_export(
         dflash_drafter(str(path), verifier, VOCAB)
     assert export_main([str(path), str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
+    with pytest.raises(FileNotFoundError, match="no such file or directory"):
+        dflash_drafter(str(tmp_path / "missing" / "trained.pt"), verifier, VOCAB)

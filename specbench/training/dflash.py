@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 
@@ -34,7 +33,7 @@ from specbench.models.draft_vocab import DraftVocab, draft_vocab_for, vocab_meta
 from specbench.training.batches import predict_positions, verifier_batch
 from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
 from specbench.training.synth_data import SyntheticDataModule
-from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
+from specbench.training.trainer import VerifierTraining
 from specbench.training.validation import greedy_tau
 
 METHOD = "dflash"
@@ -158,7 +157,7 @@ def tau_estimate(leading: float, blocks: float) -> float:
 # --- the module -----------------------------------------------------------------------------------------
 
 
-class DFlashTraining(TrainedOnlyCheckpoint, L.LightningModule):
+class DFlashTraining(VerifierTraining):
     """Train a DFlash draft network against a frozen verifier (held by reference: never saved or trained;
     the draft reads the verifier's embedding and LM head)."""
 
@@ -173,30 +172,15 @@ class DFlashTraining(TrainedOnlyCheckpoint, L.LightningModule):
         eos_token_ids: Sequence[int] = (),
         pad_token_id: int = 0,
     ):
-        super().__init__()
-        self._verifier = [verifier]
+        super().__init__(verifier, train, metadata, val_prompts, eos_token_ids, pad_token_id)
         self.draft = draft  # its weights are saved as draft.* (checkpoint.TRAINED_PREFIX)
-        self.train_cfg = train
         self.vocab = vocab
         self.vocab_size = vocab.vocab_size
         self.width = draft.config.block_size
         self.anchors = int(option(train, "dflash_anchors", 32))
         self.gamma = option(train, "dflash_loss_gamma", None)
         self.taps = tuple(i + 1 for i in draft.config.target_layer_ids)  # specbench taps, in the fc's order
-        self._metadata = metadata
-        self.val_prompts = [list(p) for p in val_prompts]
-        self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
         self._val_sums: torch.Tensor | None = None
-
-    @property
-    def verifier(self) -> torch.nn.Module:
-        return self._verifier[0]
-
-    def metadata(self) -> dict:
-        return dict(self._metadata)
-
-    def on_fit_start(self) -> None:
-        self.verifier.to(self.device)
 
     def _loss(self, batch: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
         if "features" not in batch:
@@ -209,9 +193,7 @@ class DFlashTraining(TrainedOnlyCheckpoint, L.LightningModule):
         )  # fmt: skip
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        # Seeded by step, so a resumed run draws the same anchors.
-        generator = torch.Generator().manual_seed(int(self.train_cfg.seed) * 1_000_003 + self.global_step)
-        out = self._loss(batch, generator)
+        out = self._loss(batch, self.step_generator())
         size = batch["input_ids"].shape[0]
         self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
         self.log("train/acc", out["correct"].sum().float() / out["scored"].sum().clamp(min=1), batch_size=size)
@@ -250,11 +232,6 @@ class DFlashTraining(TrainedOnlyCheckpoint, L.LightningModule):
             )  # fmt: skip
         finally:
             self.draft.train(was_training)
-
-    def configure_optimizers(self) -> dict:
-        params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.train_cfg.lr_start, weight_decay=self.train_cfg.weight_decay)
-        return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
 
 
 # --- building it from the config ------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
@@ -29,7 +28,7 @@ from specbench.models.draft_vocab import DraftVocab
 from specbench.training.batches import TargetSpec, verifier_targets
 from specbench.training.features import FeatureCache
 from specbench.training.synth_data import SyntheticDataModule
-from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
+from specbench.training.trainer import VerifierTraining
 from specbench.training.validation import greedy_tau
 from specbench.values import TOP_K_RKL, TRAIN_LOSSES
 
@@ -94,7 +93,7 @@ def steering_sources(
     return torch.where(sources >= 0, sources, torch.full_like(sources, -1))
 
 
-class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
+class DrafterTraining(VerifierTraining):
     """Train a drafter (distillation) or a steered drafter (SD²) against a frozen verifier.
 
     ``targets``: what the drafter learns, the verifier's distribution over ``targets.vocab`` (restricted
@@ -116,11 +115,9 @@ class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
         pad_token_id: int = 0,
         targets: TargetSpec | None = None,
     ):
-        super().__init__()
-        self._verifier = [verifier]  # frozen and not a submodule: never saved, never handed to the optimiser
+        super().__init__(verifier, train, metadata, val_prompts, eos_token_ids, pad_token_id)
         self.drafter = drafter
         self.steering = steering
-        self.train_cfg = train
         self.vocab_size = vocab_size
         self.targets = targets or TargetSpec(DraftVocab.full(vocab_size))
         if self.targets.vocab.vocab_size != vocab_size:
@@ -128,26 +125,13 @@ class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
                 f"the targets' vocabulary covers {self.targets.vocab.vocab_size} ids, the pair {vocab_size}"
             )
         self.taps = tuple(steering.spec.v_layers) if steering is not None else ()
-        self._metadata = metadata
-        self.val_prompts = [list(p) for p in val_prompts]
-        self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
-
-    @property
-    def verifier(self) -> PreTrainedModel:
-        return self._verifier[0]
-
-    def metadata(self) -> dict:
-        return dict(self._metadata)
-
-    def on_fit_start(self) -> None:
-        self.verifier.to(self.device)
 
     def _offset(self, training: bool, batch_idx: int) -> tuple[int, int]:
         """(offset, blocked-mode phase) for this batch: seeded by step, so a resumed run draws the same."""
         k = self.train_cfg.max_offset
         if not training:
             return 1 + batch_idx % k, 0
-        generator = torch.Generator().manual_seed(self.train_cfg.seed * 1_000_003 + self.global_step)
+        generator = self.step_generator()
         offset = int(torch.randint(1, k + 1, (1,), generator=generator))
         phase = int(torch.randint(0, k, (1,), generator=generator))
         return offset, phase
@@ -209,11 +193,6 @@ class DrafterTraining(TrainedOnlyCheckpoint, L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if self.val_prompts and not self.trainer.sanity_checking:
             self.log("val/tau", speculative_tau(self, self.val_prompts), rank_zero_only=True)
-
-    def configure_optimizers(self) -> dict:
-        params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.train_cfg.lr_start, weight_decay=self.train_cfg.weight_decay)
-        return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
 
 
 def speculative_tau(module: DrafterTraining, prompts: list[list[int]]) -> float:

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 
@@ -35,7 +34,7 @@ from specbench.models.draft_vocab import draft_vocab_for, vocab_metadata
 from specbench.training.batches import TargetSpec, dense_targets, verifier_batch
 from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
 from specbench.training.synth_data import SyntheticDataModule, collate_cached
-from specbench.training.trainer import TrainedOnlyCheckpoint, warmup_cosine_scheduler
+from specbench.training.trainer import VerifierTraining
 from specbench.training.validation import greedy_tau
 from specbench.values import EAGLE3_INIT_LAYERS
 
@@ -159,7 +158,7 @@ class Eagle3DataModule(SyntheticDataModule):
 # --- the module -----------------------------------------------------------------------------------------
 
 
-class Eagle3Training(TrainedOnlyCheckpoint, L.LightningModule):
+class Eagle3Training(VerifierTraining):
     """Train an EAGLE-3 head against a frozen verifier (not a submodule: never saved or trained)."""
 
     def __init__(
@@ -173,10 +172,8 @@ class Eagle3Training(TrainedOnlyCheckpoint, L.LightningModule):
         eos_token_ids: Sequence[int] = (),
         pad_token_id: int = 0,
     ):
-        super().__init__()
-        self._verifier = [verifier]
+        super().__init__(verifier, train, metadata, val_prompts, eos_token_ids, pad_token_id)
         self.head = head
-        self.train_cfg = train
         self.targets = targets
         self.steps = int(option(train, "ttt_steps", TTT_STEPS))
         self.decay = float(option(train, "loss_decay", LOSS_DECAY))
@@ -185,20 +182,7 @@ class Eagle3Training(TrainedOnlyCheckpoint, L.LightningModule):
             raise ValueError(f"train.ttt_steps must be >= 1, got {self.steps}")
         if not 0.0 < self.chain_fraction <= 1.0:
             raise ValueError(f"train.ttt_chain_fraction must be in (0, 1], got {self.chain_fraction}")
-        self._metadata = metadata
-        self.val_prompts = [list(p) for p in val_prompts]
-        self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
         self._val_sums: torch.Tensor | None = None
-
-    @property
-    def verifier(self) -> torch.nn.Module:
-        return self._verifier[0]
-
-    def metadata(self) -> dict:
-        return dict(self._metadata)
-
-    def on_fit_start(self) -> None:
-        self.verifier.to(self.device)
 
     def _with_features(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if "target_values" in batch:
@@ -209,8 +193,7 @@ class Eagle3Training(TrainedOnlyCheckpoint, L.LightningModule):
         batch = self._with_features(batch)
         chains = None
         if self.chain_fraction < 1.0:  # seeded by step, so a resumed run samples the same chains
-            generator = torch.Generator().manual_seed(int(self.train_cfg.seed) * 1_000_003 + self.global_step)
-            chains = ttt_chains(batch["predict"].bool(), self.steps, self.chain_fraction, generator)
+            chains = ttt_chains(batch["predict"].bool(), self.steps, self.chain_fraction, self.step_generator())
         out = ttt_loss(self.head, batch, self.steps, self.decay, chains)
         size = batch["input_ids"].shape[0]
         self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
@@ -241,13 +224,6 @@ class Eagle3Training(TrainedOnlyCheckpoint, L.LightningModule):
         self.log("val/tau_estimate", tau_estimate(accuracies), rank_zero_only=True)
         if self.val_prompts:
             self.log("val/tau", speculative_tau(self, self.val_prompts), rank_zero_only=True)
-
-    def configure_optimizers(self) -> dict:
-        params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            params, lr=self.train_cfg.lr_start, weight_decay=self.train_cfg.weight_decay
-        )
-        return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
 
 
 def speculative_tau(module: Eagle3Training, prompts: list[list[int]]) -> float:

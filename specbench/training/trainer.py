@@ -73,6 +73,48 @@ class TrainedOnlyCheckpoint:
         checkpoint[METADATA_KEY] = self.metadata()
 
 
+class VerifierTraining(TrainedOnlyCheckpoint, L.LightningModule):
+    """A LightningModule that trains a part against a frozen verifier: the verifier is held by reference (not a
+    submodule: never saved, never handed to the optimiser) and moved to the module's device at fit start;
+    AdamW over the trainable parameters with the warm-up / cosine schedule of ``train``; checkpoints carry
+    ``metadata``; validation decodes ``val_prompts`` (token ids) with these EOS and pad ids."""
+
+    def __init__(
+        self,
+        verifier: torch.nn.Module,
+        train: Any,
+        metadata: dict,
+        val_prompts: Iterable[Iterable[int]] = (),
+        eos_token_ids: Iterable[int] = (),
+        pad_token_id: int = 0,
+    ):
+        super().__init__()
+        self._verifier = [verifier]
+        self.train_cfg = train
+        self._metadata = metadata
+        self.val_prompts = [list(p) for p in val_prompts]
+        self.eos_token_ids, self.pad_token_id = list(eos_token_ids), pad_token_id
+
+    @property
+    def verifier(self) -> torch.nn.Module:
+        return self._verifier[0]
+
+    def metadata(self) -> dict:
+        return dict(self._metadata)
+
+    def on_fit_start(self) -> None:
+        self.verifier.to(self.device)
+
+    def step_generator(self) -> torch.Generator:
+        """A generator seeded by ``train.seed`` and the step: a resumed run draws what the first run would."""
+        return torch.Generator().manual_seed(int(self.train_cfg.seed) * 1_000_003 + self.global_step)
+
+    def configure_optimizers(self) -> dict:
+        params = [p for p in self.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=self.train_cfg.lr_start, weight_decay=self.train_cfg.weight_decay)
+        return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
+
+
 class LastMetrics(Callback):
     """Keep the last value of every metric the module logged (the step-wise history goes to MLflow
     through Lightning's MLFlowLogger)."""

@@ -202,6 +202,14 @@ def dflash_drafter(
         if not source.is_dir():
             from huggingface_hub import snapshot_download
 
+            from specbench.drafters.eagle3_format import looks_like_file
+
+            if looks_like_file(str(path)):
+                raise FileNotFoundError(
+                    f"model.drafter.params.path={str(path)!r}: no such file or directory (a trained.pt of task=train "
+                    "method=dflash, or a z-lab layout directory)"
+                )
+
             source = Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
         draft, name = load_dflash(source, model), f"dflash ({source.name})"
     return DFlashDrafter(draft, model, vocab_size, block_size, name, draft_vocab)
