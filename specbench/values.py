@@ -29,7 +29,9 @@ DIVERSED_REGULARIZERS = ("tv", "l2")  # train.regularizer
 # train.reward (DIVERSED): the dataset's scorer or the verifier's mean log-likelihood of the rollout (REINFORCE),
 # or that likelihood's exact per-token expectation under the pool (expected_verifier_logp: no sampling variance)
 # per_token_gate: supervised, the head learns that objective's per-token optimum w_t = 1[Δ_t < λ·TV_t]
+# auto (the config default): task where the dataset has a metric, else per_token_gate (resolved before training)
 DIVERSED_REWARDS = ("task", "verifier_logp", "expected_verifier_logp", "per_token_gate")
+TRAIN_REWARDS = ("auto", *DIVERSED_REWARDS)
 DEFERRALS = ("chow", "diff", "opt", "token")
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -62,41 +64,6 @@ def check_generation(
         raise ValueError(f"gen.top_k must be >= 0 (0 = off), got {top_k}")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"gen.top_p must be in (0, 1], got {top_p}")
-
-
-def check_rule_params(method: str, params: dict[str, Any]) -> None:
-    """The parameters of a rule-based method (``lossy``, ``static_ensemble``, ``cascade``, ``typical``)."""
-    if method == "lossy":
-        lenience = params["lenience"]
-        if not 0.0 < lenience <= 1.0:
-            raise ValueError(f"method.lenience must be in (0, 1], got {lenience}")
-    elif method == "static_ensemble":
-        weight = params["draft_weight"]
-        if not 0.0 <= weight <= 1.0:
-            raise ValueError(f"method.draft_weight must be in [0, 1], got {weight}")
-        check_pool(params["pool"])
-    elif method == "cascade":
-        deferral, alpha = params["deferral"], params["alpha"]
-        if deferral not in DEFERRALS:
-            raise ValueError(f"method.deferral must be one of {list(DEFERRALS)}, got {deferral!r}")
-        if alpha < 0:
-            raise ValueError(f"method.alpha must be >= 0, got {alpha}")
-        if deferral == "token" and alpha > 1:
-            raise ValueError(f"method.alpha must be in [0, 1] for the token deferral rule, got {alpha}")
-    elif method == "fly":
-        window, threshold, top_k = params["window_size"], params["entropy_threshold"], params["entropy_top_k"]
-        if window is not None and (not isinstance(window, int) or window < 1):
-            raise ValueError(f"method.window_size must be an integer >= 1 or null, got {window!r}")
-        if threshold < 0:
-            raise ValueError(f"method.entropy_threshold must be >= 0, got {threshold}")
-        if not isinstance(top_k, int) or top_k < 1:
-            raise ValueError(f"method.entropy_top_k must be an integer >= 1, got {top_k!r}")
-    elif method == "typical":
-        epsilon, delta = params["epsilon"], params["delta"]
-        if not 0.0 < epsilon <= 1.0:
-            raise ValueError(f"method.epsilon must be in (0, 1], got {epsilon}")
-        if delta <= 0:
-            raise ValueError(f"method.delta must be > 0, got {delta}")
 
 
 def check_draft_vocab_size(size: Any, key: str, vocab_size: int | None = None) -> None:

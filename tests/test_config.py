@@ -17,11 +17,11 @@ TINY = ["model/verifier=tiny-random", "model/drafter=tiny-random"]
 GROUPS = ["task", "model/verifier", "model/drafter", "method", "steering", "schedule", "dataset"]
 # Options that need another group or a checkpoint to decode: validate names what is missing.
 NEEDS_MORE = {
-    ("method", "sd2"): "add steering=sd2",
+    # A method's yaml picks the drafter it needs (conf/method/<name>.yaml); what is left is the trained part.
     ("method", "distill"): "needs method.drafter_checkpoint=PATH",
-    ("method", "eagle3"): "add model/drafter=eagle3",
+    ("method", "eagle3"): "model.drafter.params.path is null.*model/drafter=eagle3-smollm2",
     ("model/drafter", "eagle3"): "model.drafter.params.path",
-    ("method", "dflash"): "add model/drafter=dflash",
+    ("method", "dflash"): "model.drafter.params.path is null",
     ("model/drafter", "dflash"): "model.drafter.params.path is null",
 }
 
@@ -223,7 +223,7 @@ def test_diversed_method_aliases(alias, canonical):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["method=sd2"], "method=sd2 decodes with an SD²-steered drafter: add steering=sd2"),
+        (["method=sd2", "steering=none"], "method=sd2 decodes with an SD²-steered drafter: add steering=sd2"),
         (["method=distill"], "method=distill needs method.drafter_checkpoint=PATH"),
         (["method=distill", "steering=sd2"], "method=distill decodes with a distilled drafter and no steering"),
         (["method=auto", "steering=sd2"], "steering=sd2 steers a drafter, but method=auto has none"),

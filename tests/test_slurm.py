@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, launch
+from helpers import ROOT, design_card, launch
 
 from specbench.tracking import PARENT_FILE, PARENT_TAG
 
@@ -119,6 +119,30 @@ def test_sweep_on_slurm_lands_in_mlflow_under_one_parent(slurm, mlflow_uri, tmp_
     # The jobs ran this venv's python (submitit uses sys.executable).
     submission = next(sweep_dir.glob(".submitit/*/*_submission.sh")).read_text()
     assert sys.executable in submission
+
+
+def test_the_design_cards_slurm_sweep_runs_as_typed_and_says_missing_accounting_once(slurm, mlflow_uri, tmp_path):
+    """README's `-m ... hydra/launcher=submitit_slurm` (no cluster preset), on tiny models: one job array of
+    six jobs, and on this cluster (no job accounting) one note instead of sacct warnings at every poll."""
+    from specbench.tracking.sacct_note import SACCT_WARNING, accounting_problem
+
+    slurm_sweep = design_card()[2]
+    assert "hydra/launcher=submitit_slurm" in slurm_sweep
+    sweep_dir = tmp_path / "sweep"
+    proc = launch(
+        [*slurm_sweep, "model/verifier=tiny-random", "model/drafter=tiny-random", "gen.max_new_tokens=3",
+         "dataset.limit=1", "eval.baseline=false", "eval.warmup=false", "runtime.num_threads=1",
+         f"hydra.sweep.dir={sweep_dir}"],
+        cache_dir=tmp_path / "cache",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len([p for p in sweep_dir.iterdir() if p.name.isdigit()]) == 6
+    console = proc.stdout + proc.stderr
+    assert SACCT_WARNING not in console and "accounting storage is disabled" not in console.replace(
+        "(sacct: Slurm accounting storage is disabled)", ""
+    )  # fmt: skip
+    notes = console.count("note: SLURM job accounting is off on this cluster")
+    assert notes == (1 if accounting_problem() else 0), console[-2000:]
 
 
 def test_a_preempted_training_job_is_requeued_and_resumes_from_last_ckpt(slurm, mlflow_uri, tmp_path):

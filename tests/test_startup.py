@@ -150,7 +150,9 @@ def verdicts(what: str, values: dict) -> tuple[str | None, str | None]:
         return error(checks.check_device, values["name"]), error(resolve_device, values["name"])
     if what == "dtype":
         return error(checks.check_dtype, values["name"]), error(resolve_dtype, values["name"], "cpu")
-    return error(checks.check_rule_params, what, values), error(build_rule, what, **values)
+    from specbench.method_names import check_rule_params
+
+    return error(check_rule_params, what, values), error(build_rule, what, **values)
 
 
 @pytest.mark.parametrize(("what", "values"), BAD_VALUES, ids=[f"{w}-{v}" for w, v in BAD_VALUES])

@@ -162,7 +162,7 @@ def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
          "train.dflash_loss_gamma must be > 0 or null"),
         (["method=dflash", "model/drafter=dflash", "train.data=.", "model.drafter.params.path=x.pt"],
          "task=train method=dflash trains a new drafter; model.drafter.params.path must be null"),
-        (["method=sd2"], "task=train method=sd2 trains an SD² steering head: add steering=sd2"),
+        (["method=sd2", "steering=none"], "task=train method=sd2 trains an SD² steering head: add steering=sd2"),
         ([*SD2], "task=train method=sd2 needs train.data=DIR"),
         ([*SD2, "train.data=/no/such/dir"], "train.data: '/no/such/dir' does not exist"),
         (["method=distill", "steering.finetune_drafter=none", "train.data=."], "would train nothing"),
@@ -214,10 +214,12 @@ def test_the_training_console_is_progress_and_results(tmp_path, mlflow_uri):
     assert proc.returncode == 0, proc.stderr[-3000:]
     console = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert [line.split()[0] for line in console] == [
-        "step", "step", "validation", "step", "step", "validation", "trained"
+        "step", "step", "validation", "step", "step", "validation", "trained", "evaluate"
     ], console  # fmt: skip
     assert console[3].startswith("step 3/4  ") and "mean_draft_weight 0.5" in console[3]
-    assert console[-1] == f"trained diversed: step 4, checkpoint {out / 'trained.pt'}"
+    assert console[-2] == f"trained diversed: step 4, checkpoint {out / 'trained.pt'}"
+    assert console[-1].startswith("evaluate it: python launch.py model/verifier=tiny-random model/drafter=tiny-random")
+    assert console[-1].endswith(f"dataset.metric=bleu gen.max_new_tokens=6 method.head_checkpoint={out / 'trained.pt'}")
 
 
 @pytest.mark.parametrize("native", [True, False])

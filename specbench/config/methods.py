@@ -5,8 +5,10 @@
 (``conf/method/static_ensemble.yaml``).
 :func:`normalize_method` rewrites the composed ``method`` node in place: ``name`` becomes the canonical
 name, ``alias`` the name the user typed (recorded as the tag ``specbench.method_alias``), a parameter the
-method reads and nobody set takes the method's default, and parameters it does not read are cleared,
-so the recorded config (``config.yaml``, MLflow params) is what ran.
+method reads and nobody set takes the method's default, a parameter it does not read is an error when
+someone set it (:class:`UnreadParamError`: ``method=sd method.draft_weight=0.1``) and cleared when it is a
+default another method's yaml left behind (``method=static_ensemble method.name=lossy``), so the recorded
+config (``config.yaml``, MLflow params) is what ran.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.method_names import ALL_METHODS, METHOD_ALIASES, METHOD_PARAMS
+from specbench.errors import ConfigError
+from specbench.method_names import ALL_METHODS, METHOD_ALIASES, METHOD_PARAMS, unread_param_error
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 NOT_PARAMS = ("name", "alias", "target", "params")
@@ -25,6 +28,10 @@ NOT_PARAMS = ("name", "alias", "target", "params")
 
 class UnknownMethodError(ValueError):
     """``method.name`` is neither a method nor an alias."""
+
+
+class UnreadParamError(ConfigError):
+    """A ``method.*`` parameter was set for a method that does not read it (it would change nothing)."""
 
 
 def canonical_name(requested: str) -> str:
@@ -43,6 +50,8 @@ def method_defaults(canonical: str) -> dict[str, Any]:
     if not path.is_file():
         return {}
     values = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    if isinstance(values.get("method"), dict):  # `# @package _global_`: it also sets other groups' defaults
+        values = values["method"]
     return {k: v for k, v in values.items() if k not in ("defaults", *NOT_PARAMS)}
 
 
@@ -59,13 +68,37 @@ def normalize_method(cfg: DictConfig) -> tuple[str, str | None]:
         alias = None  # e.g. method=sd_en method.name=lossy: the name the user typed last wins
     defaults = method_defaults(canonical)
     reads = METHOD_PARAMS[canonical]
+    typed = overridden_method_keys(cfg)
     for key in list(node.keys()):
         if key in NOT_PARAMS:
             continue
         if key not in reads:
+            if node[key] is not None and (key in typed or not _left_behind(key, node[key])):
+                raise UnreadParamError(unread_param_error(requested, key))
             node[key] = None
         elif node[key] is None and key in defaults:
             node[key] = defaults[key]
     node.name = canonical
     node.alias = alias
     return canonical, alias
+
+
+def _left_behind(key: str, value: Any) -> bool:
+    """Whether ``value`` is the default some method's yaml gives ``key`` (composed, then renamed away)."""
+    return any(key in reads and method_defaults(name).get(key) == value for name, reads in METHOD_PARAMS.items())
+
+
+def overridden_method_keys(cfg: DictConfig) -> set[str]:
+    """The ``method.<key>`` names set by an override (the command line, a sweep job's values), when known:
+    from ``cfg.hydra`` (a config composed with its Hydra node) or the running Hydra app; else empty."""
+    overrides = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
+    if overrides is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    keys = set()
+    for override in overrides:
+        key = str(override).split("=", 1)[0].lstrip("+~")
+        if key.startswith("method.") and key.count(".") == 1:
+            keys.add(key.split(".", 1)[1])
+    return keys

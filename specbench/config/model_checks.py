@@ -96,7 +96,8 @@ def check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str, 
     if str(drafter.target).startswith("specbench.drafters.eagle3") and not params.get("path"):
         raise ConfigError(
             "model.drafter.params.path is null: pass the trained.pt of `task=train method=eagle3`, an EAGLE / "
-            "SpecForge checkpoint directory or a hub id (the head to decode with)"
+            "SpecForge checkpoint directory or a hub id (the head to decode with; the embedded verifier's committed head: "
+            "model/drafter=eagle3-smollm2)"
         )
     if str(drafter.target).startswith("specbench.drafters.eagle3"):
         from specbench.drafters.eagle3_format import looks_like_file, resolve_head_path

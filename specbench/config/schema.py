@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from specbench.method_names import all_params
 from specbench.models.spec import ModelSpec
 from specbench.values import GENERATION_DEFAULTS, SCHEDULE_DEFAULTS
 
@@ -29,7 +30,7 @@ class ReportTaskConfig(TaskConfig):
 
     sweep_dir: str | None = None
     experiment: str = "specbench-eval"
-    parent_run_id: str | None = None
+    parent_run_id: str | None = None  # a sweep's MLflow parent run id; last: the newest sweep of the experiment
     tags: Any = None  # {specbench.method: sd, ...} (or ["key=value", ...]): every tag must match
     filter: str | None = None  # extra MLflow filter string, ANDed with the above
     max_runs: int = 1000
@@ -46,31 +47,31 @@ class ModelPairConfig:
     drafter: ModelConfig = MISSING
 
 
-@dataclass
-class MethodConfig:
-    """A verification rule and its parameters; each method reads only its own (methods.md §2).
+def _method_config() -> type:
+    """The ``method`` group's schema, derived from the method table (specbench/method_names.py): ``name``,
+    ``alias``, every parameter of the table (``None``: the method's default), ``target`` + ``params``.
 
-    ``None`` means "the method's default" (``conf/method/<name>.yaml``): validation fills it in and clears
-    the parameters the method does not read, and turns an alias into ``name`` + ``alias``
-    (specbench/config/methods.py), so ``method.name=static_en`` runs what ``method=static_ensemble`` runs.
+    ``None`` means "the method's default" (``conf/method/<name>.yaml``): validation fills it in, refuses a
+    parameter set for a method that does not read it, clears the ones a renamed method left behind, and
+    turns an alias into ``name`` + ``alias`` (specbench/config/methods.py), so ``method.name=static_en`` runs
+    what ``method=static_ensemble`` runs.
     """
+    fields: list[Any] = [
+        ("name", str, MISSING),
+        ("alias", Optional[str], None),  # the alias the method was asked for (sd_en, static_en, ...): a tag
+    ]
+    fields += [(param.name, Optional[param.kind], None) for param in all_params()]
+    fields += [
+        ("target", Optional[str], None),  # a rule from outside the table: dotted path of a VerificationRule subclass
+        ("params", dict[str, Any], field(default_factory=dict)),  # its constructor arguments (with ``target``)
+    ]
+    config = make_dataclass("MethodConfig", fields)
+    config.__doc__ = _method_config.__doc__
+    config.__module__ = __name__
+    return config
 
-    name: str = MISSING
-    alias: str | None = None  # the alias the method was asked for (sd_en, static_en, ...); recorded as a tag
-    lenience: float | None = None  # lossy
-    draft_weight: float | None = None  # static_ensemble
-    pool: str | None = None  # static_ensemble, diversed: linear | log_linear
-    deferral: str | None = None  # cascade: chow | diff | opt | token
-    alpha: float | None = None  # cascade
-    epsilon: float | None = None  # typical
-    delta: float | None = None  # typical
-    window_size: int | None = None  # fly: drafts after a mismatch that must pass sd (null: min(6, drafts - 1))
-    entropy_threshold: float | None = None  # fly: verifier top-k entropy (nats) above which a mismatch may defer
-    entropy_top_k: int | None = None  # fly
-    target: str | None = None  # a rule from outside the registry: dotted path of a VerificationRule subclass
-    params: dict[str, Any] = field(default_factory=dict)  # its constructor arguments (with ``target``)
-    head_checkpoint: str | None = None  # diversed: the trained weight head
-    drafter_checkpoint: str | None = None  # distill: the distilled drafter
+
+MethodConfig = _method_config()
 
 
 @dataclass
@@ -219,7 +220,7 @@ class TrainConfig:
     # task: the dataset's per-sample scorer | verifier_logp: the verifier's mean log-likelihood per rollout token
     # (REINFORCE) | expected_verifier_logp: its exact per-token expectation under the pool (differentiable)
     # | per_token_gate: cross-entropy to that objective's per-token optimum at lambda = regularizer_weight
-    reward: str = "task"
+    reward: str = "auto"  # auto: task where the dataset has a metric, else per_token_gate (validate_train)
     reward_weight: float = 1.0  # scale of the REINFORCE term (0: the regulariser alone)
     target_weight: float = 0.5  # l2 regulariser target draft weight
     # EAGLE-3 head (method=eagle3; docs/eagle3.md)

@@ -40,7 +40,7 @@ def _check_train_values(train: dict[str, Any]) -> None:
     if train["lr_end"] > train["lr_start"]:
         raise ConfigError(f"train.lr_end ({train['lr_end']}) must be <= train.lr_start ({train['lr_start']})")
     for key, allowed in (("loss", values.TRAIN_LOSSES), ("offset", values.TRAIN_OFFSETS),
-                         ("regularizer", values.DIVERSED_REGULARIZERS), ("reward", values.DIVERSED_REWARDS)):
+                         ("regularizer", values.DIVERSED_REGULARIZERS), ("reward", values.TRAIN_REWARDS)):
         if train[key] not in allowed:
             raise ConfigError(f"train.{key}: unknown {train[key]!r}; allowed: {list(allowed)}")
     if not 0.0 <= train["baseline_ema"] < 1.0:
@@ -96,6 +96,8 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
         check_dataset(cfg.dataset)
         check_scoring(cfg.scoring)
         metric = dataset_settings(cfg.dataset).metric or "none"
+        if cfg.train.reward == "auto":  # recorded as what runs (config.yaml, MLflow params)
+            cfg.train.reward = "per_token_gate" if metric == "none" else "task"
         if metric == "none" and cfg.train.reward == "task":
             raise ConfigError(
                 f"dataset.metric: DIVERSED training needs a per-sample reward, but dataset={cfg.dataset.name} "

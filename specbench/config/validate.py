@@ -43,7 +43,7 @@ from specbench.config.steering_checks import (
 )
 from specbench.config.train_checks import validate_train  # noqa: F401  (the three entry points live here)
 from specbench.errors import ConfigError
-from specbench.method_names import METHODS
+from specbench.method_names import METHODS, check_rule_params
 from specbench.models.spec import ModelSpec
 
 POOLS = values.POOLS
@@ -68,7 +68,7 @@ def validate(cfg: DictConfig) -> RunPlan:
     elif method in TRAINED_METHODS:
         checkpoint = check_trained_method(method, method_cfg, steering, cfg)
     elif method in METHODS:
-        checked("method", values.check_rule_params, method, method_cfg)
+        checked("method", check_rule_params, method, method_cfg)
     schedule = OmegaConf.to_container(cfg.schedule, resolve=True)
     checked("schedule", values.check_schedule, **schedule)
     gen = OmegaConf.to_container(cfg.gen, resolve=True)

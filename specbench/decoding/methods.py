@@ -1,25 +1,24 @@
 """Method names → verification rules. A method = drafter choice + rule + schedule.
 
-One small registry: the rule class of each rule method, built with the ``method.*`` keys the method reads
-(:data:`specbench.method_names.METHOD_PARAMS`; their config defaults live in ``conf/method/<name>.yaml``).
+The rule class of each rule method and the ``method.*`` keys it reads come from the method table
+(:data:`specbench.method_names.METHOD_TABLE`); their config defaults live in ``conf/method/<name>.yaml``.
 """
 
 from __future__ import annotations
 
-from specbench.decoding.block import BlockRule
-from specbench.decoding.fly import FlyRule
-from specbench.decoding.rules import CascadeRule, EnsembleRule, LenientRule, TypicalRule, VerificationRule
-from specbench.method_names import METHOD_ALIASES, METHOD_PARAMS, METHODS, RULE_METHODS, canonical_method  # noqa: F401
+from specbench.decoding.rules import VerificationRule
+from specbench.method_names import (  # noqa: F401
+    METHOD_ALIASES,
+    METHOD_PARAMS,
+    METHOD_TABLE,
+    METHODS,
+    RULE_METHODS,
+    canonical_method,
+)
 from specbench.targets import import_target
 
 RULES: dict[str, type[VerificationRule]] = {
-    "sd": VerificationRule,
-    "lossy": LenientRule,
-    "static_ensemble": EnsembleRule,
-    "cascade": CascadeRule,
-    "typical": TypicalRule,
-    "block": BlockRule,
-    "fly": FlyRule,
+    name: import_target(METHOD_TABLE[name].rule, f"the method table's rule of {name}") for name in RULE_METHODS
 }
 
 

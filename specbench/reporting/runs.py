@@ -169,6 +169,20 @@ def describe_selector(
     return ", ".join(parts)
 
 
+LAST_SWEEP = "last"  # task.parent_run_id=last: the newest sweep (-m) of the experiment
+
+
+def last_sweep_run_id(client: Any, experiment_id: str, experiment: str) -> str:
+    """The run id of the newest sweep parent run (tag ``specbench.role=sweep``) in the experiment."""
+    newest = client.search_runs(
+        [experiment_id], filter_string="tags.`specbench.role` = 'sweep'", max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )  # fmt: skip
+    if not newest:
+        raise NoRunsError(f"task.parent_run_id=last: experiment {experiment!r} holds no sweep (a `-m` run) yet")
+    return newest[0].info.run_id
+
+
 def search_mlflow_runs(
     experiment: str = "specbench-eval",
     parent_run_id: str | None = None,
@@ -186,17 +200,20 @@ def search_mlflow_runs(
     from specbench.tracking import resolve_tracking_uri, store
 
     tag_map = parse_tags(tags)
-    description = describe_selector(experiment, parent_run_id, tag_map, filter_string)
     uri = resolve_tracking_uri(tracking_uri)
-    query = mlflow_filter(parent_run_id, tag_map, filter_string)
     key = store.uri_source(tracking_uri)
     store.check_uri(uri, key)
     client = store.client(uri, key)
     found_experiment = client.get_experiment_by_name(experiment)
     if found_experiment is None:
+        description = describe_selector(experiment, parent_run_id, tag_map, filter_string)
         raise NoRunsError(
             f"no runs match {description}: experiment {experiment!r} does not exist at tracking URI {uri!r}"
         )
+    if parent_run_id == LAST_SWEEP:
+        parent_run_id = last_sweep_run_id(client, found_experiment.experiment_id, experiment)
+    description = describe_selector(experiment, parent_run_id, tag_map, filter_string)
+    query = mlflow_filter(parent_run_id, tag_map, filter_string)
     found = client.search_runs(
         [found_experiment.experiment_id],
         filter_string=query,

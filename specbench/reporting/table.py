@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from specbench.method_names import METHOD_ALIASES
+from specbench.method_names import METHOD_ALIASES, quiet_value, table_labels
 from specbench.reporting.runs import RunRecord
 
 QUALITY_PREFIX = "quality"
@@ -44,16 +44,7 @@ EXTRA_COLUMNS = [
     "source",
 ]
 # method.* params shown in the params column (the draft weight has its own column), with short names.
-PARAM_LABELS = (
-    ("lenience", "lenience"),
-    ("pool", "pool"),
-    ("deferral", "deferral"),
-    ("alpha", "alpha"),
-    ("epsilon", "epsilon"),
-    ("delta", "delta"),
-    ("head_checkpoint", "head"),
-    ("drafter_checkpoint", "drafter ckpt"),
-)
+PARAM_LABELS = table_labels(skip=("draft_weight",))  # from the method table (specbench/method_names.py)
 GROUP_COLUMNS = ["pair", "dataset"]
 TRAINED_CHECKPOINTS = {
     "sd2": "steering.checkpoint",
@@ -137,7 +128,7 @@ def params_of(run: RunRecord) -> str | None:
     parts = []
     for key, label in PARAM_LABELS:
         value = _text(run.params.get(f"method.{key}"))
-        if value is None or (key == "pool" and value == "linear"):
+        if value is None or value == quiet_value(key):
             continue
         shown = value.rsplit("/", 1)[-1] if key.endswith("checkpoint") else value
         parts.append(f"{label}={f'{number(value):.4g}' if number(value) is not None else shown}")

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-# metrics.json keys (``method_<param>`` from the rule) shown in the method's label, in this order.
-LABEL_PARAMS = (
-    ("draft_weight", "w"),
-    ("pool", "pool"),
-    ("lenience", "lenience"),
-    ("deferral", "deferral"),
-    ("alpha", "alpha"),
-    ("epsilon", "epsilon"),
-    ("delta", "delta"),
-)
-DEFAULT_POOL = "linear"
+from specbench.method_names import quiet_value, table_labels
+
+# metrics.json keys (``method_<param>`` from the rule) shown in the method's label, in the method table's
+# order; checkpoints are shown as ``trained=<file>`` instead.
+LABEL_PARAMS = table_labels(paths=False)
 
 
 def format_value(value: Any) -> str:
@@ -32,7 +26,7 @@ def method_label(metrics: dict) -> str:
     params = []
     for key, short in LABEL_PARAMS:
         value = metrics.get(f"method_{key}")
-        if value is None or (key == "pool" and value == DEFAULT_POOL):
+        if value is None or value == quiet_value(key):
             continue
         params.append(f"{short}={format_value(value)}")
     if metrics.get("method_checkpoint"):

@@ -107,6 +107,7 @@ class TrainTask(Task):
         self.tracker.set_tags({"specbench.checkpoint": str(trained.resolve())})
         self.tracker.log_artifact(out / SUMMARY_FILE)
         print(f"trained {plan.method}: step {trainer.global_step}, checkpoint {trained}")
+        print(f"evaluate it: {eval_command(cfg, plan.method, trained.resolve())}")
         return summary
 
     def _build(self, plan: TrainPlan, verifier: LoadedModel, drafter: LoadedModel | Drafter, vocab: int):
@@ -143,6 +144,36 @@ class TrainTask(Task):
             if isinstance(err, ConfigError):
                 raise
             raise ConfigError(" ".join(str(err).split())) from err
+
+
+# Where task=eval reads each method's trained part.
+CHECKPOINT_KEYS = {
+    "diversed": "method.head_checkpoint",
+    "distill": "method.drafter_checkpoint",
+    "sd2": "steering.checkpoint",
+    "eagle3": "model.drafter.params.path",
+    "dflash": "model.drafter.params.path",
+}
+# Overrides that only concern training (or this run's output dir), left out of the eval command.
+TRAIN_ONLY = ("task", "train", "synth", "hydra", *CHECKPOINT_KEYS.values())
+
+
+def eval_command(cfg, method: str, checkpoint: Path) -> str:
+    """``python launch.py <this run's overrides, less the training ones> <checkpoint key>=PATH``: the one
+    command that evaluates what this run trained (on the held-out part when it trained on ``subset=train``)."""
+    import shlex
+
+    from hydra.core.hydra_config import HydraConfig
+
+    typed = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    kept = [o for o in typed if o.split("=", 1)[0].lstrip("+~").split(".", 1)[0] not in TRAIN_ONLY
+            and o.split("=", 1)[0].lstrip("+~") not in TRAIN_ONLY]  # fmt: skip
+    if not any(o.split("=", 1)[0] in ("method", "experiment") for o in kept):
+        kept.insert(0, f"method={method}")
+    if cfg.dataset.get("subset") == "train":
+        kept.append("dataset.subset=heldout")
+    kept.append(f"{CHECKPOINT_KEYS[method]}={checkpoint}")
+    return "python launch.py " + " ".join(shlex.quote(o) for o in kept)
 
 
 def _trainable(module: torch.nn.Module) -> int:
