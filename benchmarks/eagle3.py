@@ -39,6 +39,7 @@ from harness import (
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
 from specbench.decoding.cost import CostProfile
 from specbench.decoding.cost_aware import CostAwareSchedule
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.drafters.eagle3_format import load_eagle3_drafter
 from specbench.drafters.fallback import suffix_then_eagle3
 from specbench.drafters.suffix import SuffixDrafter
@@ -148,7 +149,7 @@ def main(argv=None) -> int:
 
     runners = [engine_runner("autoregressive", SpeculativeEngine(model, None, **common))]
     if not args.no_early_exit:
-        drafter = early_exit_drafter(model, 4)
+        drafter = ModelDrafter(early_exit_drafter(model, 4), vocab)
         runners.append(engine_runner(
             "early-exit-4-g3", SpeculativeEngine(model, drafter, schedule=DraftSchedule("constant", 3), **common)
         ))  # fmt: skip

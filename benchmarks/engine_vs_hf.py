@@ -26,6 +26,7 @@ from specbench.data.prompts import load_jsonl
 from specbench.data.templates import encode_prompt
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine, VerificationRule
 from specbench.decoding.metrics import summarize
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.evaluation import eos_token_ids, pad_token_id
 from specbench.models import ModelSpec, load_verifier, shared_vocab_size, synchronize
 from specbench.pairs import load_drafter
@@ -95,7 +96,9 @@ def main(argv=None) -> int:
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     schedule = DraftSchedule("constant", args.gamma)
     common = {"settings": settings, "vocab_size": vocab, "eos_token_ids": eos, "pad_token_id": pad}
-    ours_sd = SpeculativeEngine(verifier.model, drafter.model, VerificationRule(), schedule, **common)
+    ours_sd = SpeculativeEngine(
+        verifier.model, ModelDrafter(drafter.model, vocab), VerificationRule(), schedule, **common
+    )
     ours_ar = SpeculativeEngine(verifier.model, None, None, schedule, **common)
 
     device = verifier.model.device

@@ -454,12 +454,13 @@ def main(argv=None) -> int:
         def make_drafter():
             return load_eagle3_drafter(args.head, verifier, vocab)
     else:
+        from specbench.decoding.model_drafter import ModelDrafter
         from specbench.models.early_exit import early_exit_drafter
 
         drafter_label = f"early-exit, first {args.layers} layers of the verifier"
 
         def make_drafter():
-            return early_exit_drafter(model, args.layers)
+            return ModelDrafter(early_exit_drafter(model, args.layers), vocab)
 
     how = (
         ""

@@ -42,6 +42,7 @@ from specbench.decoding import (
     verify_round,
 )
 from specbench.decoding.block import BlockRule, block_residual, block_terms, block_verdict
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.verification import one_hot_proposal
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 
@@ -561,7 +562,7 @@ def tiny_drafter(kind: str):
 
 
 def engine(kind: str, schedule: DraftSchedule, eos=(EOS_ID,), **settings) -> SpeculativeEngine:
-    return SpeculativeEngine(tiny_verifier(), tiny_drafter(kind), rule=BlockRule(), schedule=schedule,
+    return SpeculativeEngine(tiny_verifier(), ModelDrafter(tiny_drafter(kind)), rule=BlockRule(), schedule=schedule,
                              settings=GenerationSettings(**settings), eos_token_ids=eos, pad_token_id=PAD_ID)
 
 

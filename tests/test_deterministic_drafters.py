@@ -18,6 +18,7 @@ from specbench.decoding import DraftSchedule, EnsembleRule, GenerationSettings, 
 from specbench.decoding.cost import CostProfile, measure_verify_ms, monotone
 from specbench.decoding.cost_aware import CostAwareSchedule, match_bucket
 from specbench.decoding.metrics import expected_tokens_per_round, predicted_speedup, summarize
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.rules import VerificationRule, one_step_distribution
 from specbench.decoding.verification import one_hot_proposal, verify_round
 from specbench.drafters.base import Drafter, Proposal
@@ -158,9 +159,9 @@ def test_rules_that_need_q_refuse_a_deterministic_drafter_and_lossy_accepts_it()
 def test_a_drafter_with_another_lm_head_size_is_refused_by_the_engine():
     other = tiny_random_model("llama", seed=1, num_layers=1, vocab_size=384)
     with pytest.raises(ValueError, match="LM head has 384 rows"):
-        SpeculativeEngine(verifier(), other)
+        SpeculativeEngine(verifier(), ModelDrafter(other))
     # With the shared tokenizer size made explicit, the two heads are sliced to it and decoding runs at T > 0.
-    eng = SpeculativeEngine(verifier(), other, vocab_size=259, settings=GenerationSettings(8, temperature=1.0))
+    eng = SpeculativeEngine(verifier(), ModelDrafter(other, 259), vocab_size=259, settings=GenerationSettings(8, temperature=1.0))
     assert len(eng.generate([PROMPTS[1]])[0].output_ids) == 8
 
 
@@ -273,7 +274,7 @@ def test_cost_aware_decoding_stays_lossless(batch, learn_costs):
     for prompt, result in zip(prompts, results):
         assert result.output_ids == hf_greedy(prompt, 20)
     assert accepted_share(results) > 0.1
-    model_drafter = tiny_random_model("llama", seed=1, num_layers=1)
+    model_drafter = ModelDrafter(tiny_random_model("llama", seed=1, num_layers=1))
     schedule = CostAwareSchedule(flat_profile(c=0.1, slope=0.05), max_gamma=6, learn_costs=learn_costs)
     results = engine(model_drafter, schedule=schedule).generate(prompts)
     for prompt, result in zip(prompts, results):

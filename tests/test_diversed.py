@@ -32,6 +32,7 @@ from specbench.decoding.diversed import (
     pair_metadata,
 )
 from specbench.decoding.metrics import summarize
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.rules import one_step_distribution, pool_distributions
 from specbench.evaluation import result_from_row, saved_timing
 from specbench.models.early_exit import early_exit_drafter
@@ -88,8 +89,9 @@ def zero_weight_head(drafter_hidden: int, verifier_hidden: int) -> WeightHead:
 
 def engine(rule, drafter_kind="independent", schedule=None, **settings) -> SpeculativeEngine:
     settings.setdefault("max_new_tokens", MAX_NEW)
+    drafter = ModelDrafter(drafter_model(drafter_kind))
     return SpeculativeEngine(
-        verifier_model(), drafter_model(drafter_kind), rule=rule, schedule=schedule or DraftSchedule("constant", 3),
+        verifier_model(), drafter, rule=rule, schedule=schedule or DraftSchedule("constant", 3),
         settings=GenerationSettings(**settings), eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID,
     )  # fmt: skip
 

@@ -42,8 +42,8 @@ from specbench.pipelines.synthesize import synthesize
 from specbench.training.batches import TargetSpec, verifier_batch, verifier_taps
 from specbench.training.eagle3 import (
     build_eagle3_training,
+    chain_tau_estimate,
     collate,
-    tau_estimate,
     ttt_chains,
     ttt_loss,
 )
@@ -307,10 +307,10 @@ def test_training_time_test_lowers_the_loss_on_a_tiny_run(verifier, data):
     assert int(last["correct"][0]) > 2 * int(first["correct"][0]) + 5
 
 
-def test_tau_estimate_is_the_expected_accepted_chain():
-    assert tau_estimate([]) == 1.0
-    assert tau_estimate([1.0, 1.0, 1.0]) == 4.0
-    assert math.isclose(tau_estimate([0.5, 0.5]), 1 + 0.5 + 0.25)
+def test_chain_tau_estimate_is_the_expected_accepted_chain():
+    assert chain_tau_estimate([]) == 1.0
+    assert chain_tau_estimate([1.0, 1.0, 1.0]) == 4.0
+    assert math.isclose(chain_tau_estimate([0.5, 0.5]), 1 + 0.5 + 0.25)
 
 
 # --- decoding through the engine ---------------------------------------------------------------------------

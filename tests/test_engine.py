@@ -25,6 +25,7 @@ from specbench.decoding import (
     TypicalRule,
     VerificationRule,
 )
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 
 ARCHS = ("llama", "qwen3")
@@ -74,7 +75,7 @@ def make_engine(arch, drafter_kind, rule=None, schedule=None, eos=(EOS_ID,), **s
     settings.setdefault("max_new_tokens", MAX_NEW)
     return SpeculativeEngine(
         verifier(arch),
-        drafter(arch, drafter_kind) if drafter_kind else None,
+        ModelDrafter(drafter(arch, drafter_kind)) if drafter_kind else None,
         rule=rule,
         schedule=schedule,
         settings=GenerationSettings(**settings),
@@ -231,12 +232,13 @@ def test_differently_padded_lm_heads_share_the_tokenizer_vocabulary():
     """Verifier head 320 rows, drafter head 288 rows: p and q are sliced to the shared vocabulary (§1)."""
     draft = tiny_random_model("llama", seed=1, num_layers=1, vocab_size=288)
     sched = make_schedule("constant", 3)
-    engine = SpeculativeEngine(verifier("llama"), draft, schedule=sched, settings=GenerationSettings(MAX_NEW),
+    engine = SpeculativeEngine(verifier("llama"), ModelDrafter(draft, 259), schedule=sched,
+                               settings=GenerationSettings(MAX_NEW),
                                vocab_size=259, eos_token_ids=[EOS_ID], pad_token_id=PAD_ID)
     for prompt, result in zip(PROMPTS, engine.generate(PROMPTS)):
         # The verifier's padded rows (logit 0) are never its greedy argmax here, so HF greedy is the oracle.
         assert result.output_ids == hf_greedy("llama", tuple(prompt))
-    engine = SpeculativeEngine(verifier("llama"), draft, schedule=sched,
+    engine = SpeculativeEngine(verifier("llama"), ModelDrafter(draft, 259), schedule=sched,
                                settings=GenerationSettings(MAX_NEW, temperature=1.0, seed=2), vocab_size=259,
                                eos_token_ids=[EOS_ID], pad_token_id=PAD_ID)
     for result in engine.generate(PROMPTS * 8):
@@ -292,6 +294,13 @@ def test_several_eos_ids():
         check_records(result, MAX_NEW, make_schedule("constant", 3), eos=eos)
 
 
+def test_the_engine_takes_drafters_only_and_names_the_model_wrapper():
+    with pytest.raises(TypeError, match="ModelDrafter"):
+        SpeculativeEngine(verifier("llama"), drafter("llama", "independent"))
+    engine = SpeculativeEngine(verifier("llama"), ModelDrafter(drafter("llama", "independent")))
+    assert isinstance(engine.drafter, ModelDrafter) and engine.drafter.lm_head_rows == 320
+
+
 def test_eos_token_from_the_lm_head_bias():
     """A verifier whose LM head emits the real EOS id mid-way: rows stop right after EOS, like HF generate.
 
@@ -305,7 +314,7 @@ def test_eos_token_from_the_lm_head_bias():
         model.lm_head.weight[EOS_ID] = model.lm_head.weight[follow] * 1.5
     sched = make_schedule("constant", 3)
     for draft_model in (model, copy.deepcopy(drafter(arch, "perturbed"))):
-        engine = SpeculativeEngine(model, draft_model, schedule=sched,
+        engine = SpeculativeEngine(model, ModelDrafter(draft_model), schedule=sched,
                                    settings=GenerationSettings(max_new_tokens=MAX_NEW), eos_token_ids=[EOS_ID],
                                    pad_token_id=PAD_ID)
         results = engine.generate(PROMPTS)

@@ -32,6 +32,7 @@ from specbench.decoding import (
     verify_round,
 )
 from specbench.decoding.fly import FlyRule, max_top_k_entropy, top_k_entropy
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 
 N_ROUNDS = 60_000
@@ -433,7 +434,7 @@ def tiny_pair():
 
 def run(rule, **settings):
     verifier, drafter = tiny_pair()
-    engine = SpeculativeEngine(verifier, drafter, rule=rule, schedule=DraftSchedule("constant", gamma=5),
+    engine = SpeculativeEngine(verifier, ModelDrafter(drafter), rule=rule, schedule=DraftSchedule("constant", gamma=5),
                                settings=GenerationSettings(max_new_tokens=24, **settings), eos_token_ids=(EOS_ID,),
                                pad_token_id=PAD_ID)
     return engine.generate(PROMPTS)

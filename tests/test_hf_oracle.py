@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from specbench.decoding import DraftSchedule, EnsembleRule, GenerationSettings, SpeculativeEngine
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 
 MAX_NEW = 24
@@ -60,7 +61,7 @@ def hf_ensemble(verifier, drafter, prompt, gamma, draft_weight, eos=EOS_ID, hf_s
 
 def ours(verifier, drafter, prompts, gamma, draft_weight, eos=(EOS_ID,), schedule=None):
     engine = SpeculativeEngine(
-        verifier, drafter, rule=EnsembleRule(draft_weight, "linear"),
+        verifier, ModelDrafter(drafter), rule=EnsembleRule(draft_weight, "linear"),
         schedule=schedule or DraftSchedule("constant", gamma),
         settings=GenerationSettings(max_new_tokens=MAX_NEW), eos_token_ids=eos, pad_token_id=PAD_ID,
     )

@@ -12,6 +12,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specbench.decoding import GenerationSettings, SpeculativeEngine
 from specbench.decoding.cache import CachedModel
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.models import ModelSpec, load_verifier
 from specbench.models.row_invariant import (
     ROWWISE_ATTENTION,
@@ -225,7 +226,7 @@ def test_loading_in_bf16_gives_the_row_invariant_forwards_and_identical_greedy_d
     common = {"settings": GenerationSettings(max_new_tokens=24), "vocab_size": 320, "eos_token_ids": []}
     prompts = [[5, 9, 33, 70, 12], [101, 7], [44] * 9]
     reference = [r.output_ids for r in SpeculativeEngine(model, None, **common).generate(prompts)]
-    speculative = SpeculativeEngine(model, drafter, **common).generate(prompts)
+    speculative = SpeculativeEngine(model, ModelDrafter(drafter, 320), **common).generate(prompts)
     assert [r.output_ids for r in speculative] == reference
     assert any(round_.drafted > 0 for r in speculative for round_ in r.rounds)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.drafters.sd2 import SD2Drafter
 from specbench.drafters.steering import SteeredDrafter, SteeringHead, resolve_spec, verifier_features
 from specbench.models.early_exit import early_exit_drafter
@@ -133,7 +134,7 @@ def test_bad_steering_settings_name_the_key():
 
 def engine(verifier, drafter, steering, gamma, settings=None, batch=False):
     return SpeculativeEngine(
-        verifier, SD2Drafter(steering) if steering is not None else drafter, schedule=DraftSchedule("constant", gamma),
+        verifier, SD2Drafter(steering) if steering is not None else ModelDrafter(drafter), schedule=DraftSchedule("constant", gamma),
         settings=settings or GenerationSettings(max_new_tokens=24), eos_token_ids=[EOS_ID], pad_token_id=PAD_ID,
     )
 

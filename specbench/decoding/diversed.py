@@ -162,7 +162,9 @@ def pair_metadata(verifier: LoadedModel, drafter: LoadedModel | Drafter, pool: s
     }
 
 
-def check_pair(metadata: Mapping[str, Any], expected: Mapping[str, Any], source: str = "the head") -> None:
+def check_head_metadata(
+    metadata: Mapping[str, Any], expected: Mapping[str, Any], source: str = "the head"
+) -> None:
     """Raise :class:`CheckpointMismatchError` unless ``metadata`` was made for the pair of ``expected``."""
     if metadata.get("method") != METHOD:
         raise CheckpointMismatchError(
@@ -221,7 +223,7 @@ def load_diversed_rule(
 
     state_dict, metadata = read_checkpoint(path)
     expected = pair_metadata(verifier, drafter, pool)
-    check_pair(metadata, expected, source=f"method.head_checkpoint {str(path)!r}")
+    check_head_metadata(metadata, expected, source=f"method.head_checkpoint {str(path)!r}")
     state = head_state(state_dict)
     head = WeightHead(metadata["drafter_hidden_size"], metadata["verifier_hidden_size"])
     if tuple(state["linear.weight"].shape) != tuple(head.linear.weight.shape):

@@ -1,7 +1,7 @@
 """A transformers causal LM as a drafter (hub / local model, early exit), with its own KV cache.
 
-It lives with the engine, which makes one of any model passed as its drafter
-(:func:`~specbench.decoding.engine.as_drafter`).
+The engine takes only drafters; a model becomes one of these where its pair is built
+(:func:`specbench.evaluation.build_engines`, the trainers, the benchmarks).
 """
 
 from __future__ import annotations
@@ -66,6 +66,10 @@ class ModelDrafter(Drafter):
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
+
+    @property
+    def lm_head_rows(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
 
     def draft_rows(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The LM head's weight (and bias) rows of the draft vocabulary on ``device`` in ``dtype``, sliced

@@ -251,6 +251,10 @@ class SuffixDrafter(Drafter):
         self._responses = {seq_id: list(tokens) for seq_id, tokens in responses.items()}
         self._next_seq_id = next_seq_id
 
+    def save_memory(self) -> Path | None:
+        """The global tree written to ``cache_file`` unless there is none or it is read-only."""
+        return self.save_cache() if self.cache_file and self.update_cache_file else None
+
     def save_cache(self, path: str | Path | None = None) -> Path:
         """Write the global cache's outputs to a JSON file (``cache_file`` by default)."""
         if not (path or self.cache_file):

@@ -103,7 +103,9 @@ def pair_metadata(verifier: LoadedModel, drafter: LoadedModel, vocab_size: int) 
     }
 
 
-def check_pair(metadata: dict, verifier: LoadedModel, drafter: LoadedModel, path: str | Path, key: str) -> None:
+def check_trained_for_pair(
+    metadata: dict, verifier: LoadedModel, drafter: LoadedModel, path: str | Path, key: str
+) -> None:
     """Raise CheckpointMismatchError unless the checkpoint was made for this verifier/drafter pair."""
     now = {
         "verifier": verifier.name,
@@ -144,7 +146,7 @@ def load_trained_drafter(
             f"{key}={str(path)!r} is a method={metadata.get('method')!r} checkpoint, not method={method!r}; "
             f"evaluate it with method={metadata.get('method')}"
         )
-    check_pair(metadata, verifier, drafter, path, key)
+    check_trained_for_pair(metadata, verifier, drafter, path, key)
     lora = LoraSettings(**metadata["lora"]) if metadata.get("lora") else None
     model = trainable_drafter(drafter.model, verifier.model, metadata["finetune_drafter"], lora)
     steering = None

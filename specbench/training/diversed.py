@@ -27,7 +27,8 @@ from specbench.data.dataset_config import dataset_settings
 from specbench.data.prompts import Prompt
 from specbench.decoding.cache import CachedModel
 from specbench.decoding.diversed import DiversedRule, WeightHead, hidden_size, pair_metadata
-from specbench.decoding.engine import GenerationSettings, as_drafter
+from specbench.decoding.engine import GenerationSettings
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.protocol import Drafter
 from specbench.decoding.rules import EnsembleRule
 from specbench.decoding.schedules import DraftSchedule
@@ -171,7 +172,7 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
             drafter = self.drafter
             self._cached = (
                 CachedModel(self.verifier.model, self.vocab_size),
-                as_drafter(drafter if isinstance(drafter, Drafter) else drafter.model, self.vocab_size),
+                drafter if isinstance(drafter, Drafter) else ModelDrafter(drafter.model, self.vocab_size),
             )
         return self._cached
 

@@ -29,7 +29,7 @@ from specbench.training.batches import TargetSpec, verifier_targets
 from specbench.training.features import FeatureCache
 from specbench.training.synth_data import SyntheticDataModule
 from specbench.training.trainer import VerifierTraining
-from specbench.training.validation import greedy_tau
+from specbench.training.validation import speculative_tau
 from specbench.values import TOP_K_RKL, TRAIN_LOSSES
 
 LOSSES = TRAIN_LOSSES
@@ -192,25 +192,15 @@ class DrafterTraining(VerifierTraining):
 
     def on_validation_epoch_end(self) -> None:
         if self.val_prompts and not self.trainer.sanity_checking:
-            self.log("val/tau", speculative_tau(self, self.val_prompts), rank_zero_only=True)
+            tau = speculative_tau(self, self, tau_drafter(self), self.train_cfg.max_offset, self.vocab_size)
+            self.log("val/tau", tau, rank_zero_only=True)
 
 
-def speculative_tau(module: DrafterTraining, prompts: list[list[int]]) -> float:
-    """Real greedy speculative decoding of ``prompts`` with the current drafter: mean tokens per round."""
-    was_training = module.training
-    module.eval()
-    try:
-        drafter = module.drafter
-        if module.steering is not None:
-            drafter = SD2Drafter(module.steering, module.vocab_size, draft_vocab=module.draft_vocab)
-        elif module.draft_vocab is not None:
-            drafter = ModelDrafter(module.drafter, module.vocab_size, draft_vocab=module.draft_vocab)
-        return greedy_tau(
-            module.verifier, drafter, prompts, module.train_cfg.max_offset, module.vocab_size,
-            module.eos_token_ids, module.pad_token_id,
-        )  # fmt: skip
-    finally:
-        module.train(was_training)
+def tau_drafter(module: DrafterTraining) -> SD2Drafter | ModelDrafter:
+    """The drafter ``val/tau`` decodes with: the module's steered or plain model as the engine takes it."""
+    if module.steering is not None:
+        return SD2Drafter(module.steering, module.vocab_size, draft_vocab=module.draft_vocab)
+    return ModelDrafter(module.drafter, module.vocab_size, draft_vocab=module.draft_vocab)
 
 
 def build_drafter_training(

@@ -27,6 +27,16 @@ CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
 
 
+def train_option(node: Any, key: str, default: Any) -> Any:
+    """``node.key`` (``node[key]`` for a dict), or ``default`` when the train config (DictConfig, dataclass,
+    namespace, dict) has no such key or it is None."""
+    try:
+        value = node.get(key) if isinstance(node, dict) else getattr(node, key)
+    except (AttributeError, KeyError):
+        return default
+    return default if value is None else value
+
+
 def warmup_cosine_lr(step: int, warmup_steps: int, total_steps: int, lr_start: float, lr_end: float) -> float:
     """Linear warm-up 0 → lr_start over ``warmup_steps``, then cosine lr_start → lr_end at ``total_steps``.
 

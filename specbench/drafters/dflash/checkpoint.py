@@ -10,7 +10,8 @@
     mask_embedding               (H,)  specbench only: a learned mask, when dflash_config.mask_token_id is null
 
 The draft shares the verifier's embedding and LM head; ``embed_tokens`` / ``lm_head`` weights in a checkpoint are
-ignored. :func:`check_pair` refuses a draft built for another verifier before any decoding.
+ignored. :func:`check_fits_verifier` refuses a draft built for another verifier before any
+decoding.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def verifier_depth(verifier: nn.Module) -> int:
     return int(verifier.config.num_hidden_layers)
 
 
-def check_pair(config: DFlashConfig, verifier: nn.Module, source: str = "the DFlash checkpoint") -> None:
+def check_fits_verifier(
+    config: DFlashConfig, verifier: nn.Module, source: str = "the DFlash checkpoint"
+) -> None:
     """Raise :class:`DFlashCheckpointError` if the draft does not fit ``verifier`` (a causal LM): hidden size,
     tapped layers, vocabulary, mask token."""
     hidden = int(verifier.config.hidden_size)
@@ -105,7 +108,7 @@ def load_dflash(directory: str | Path, verifier: nn.Module | None = None) -> DFl
     raw, state = read_state(directory)
     config = DFlashConfig.from_dict(raw)
     if verifier is not None:
-        check_pair(config, verifier, f"DFlash checkpoint {str(directory)!r}")
+        check_fits_verifier(config, verifier, f"DFlash checkpoint {str(directory)!r}")
     return _with_weights(DFlashDraftModel(config), state, f"DFlash checkpoint {str(directory)!r}", verifier)
 
 
@@ -166,7 +169,7 @@ def load_trained_dflash(path: str | Path, verifier: Any, vocab_size: int) -> tup
             f"{str(path)!r} was trained for another verifier ({shown}); use the model/verifier it was trained "
             "with, or train one for this verifier (task=train method=dflash)"
         )
-    check_pair(config, verifier.model, f"DFlash drafter {str(path)!r}")
+    check_fits_verifier(config, verifier.model, f"DFlash drafter {str(path)!r}")
     model = _with_weights(DFlashDraftModel(config), weights, f"DFlash drafter {str(path)!r}", verifier.model)
     vocab = DraftVocab(metadata["draft_vocab_ids"], vocab_size) if metadata.get("draft_vocab_ids") else None
     return model, vocab

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbench.drafters.base import Drafter, Proposal, VerifierNeeds, VerifierView
-from specbench.drafters.dflash.checkpoint import check_pair, load_dflash, load_trained_dflash
+from specbench.drafters.dflash.checkpoint import check_fits_verifier, load_dflash, load_trained_dflash
 from specbench.drafters.dflash.model import DFlashDraftModel
 from specbench.models.draft_vocab import DraftVocab
 
@@ -51,7 +51,7 @@ class DFlashDrafter(Drafter):
         name: str = "dflash",
         draft_vocab: DraftVocab | None = None,
     ):
-        check_pair(model.config, verifier)
+        check_fits_verifier(model.config, verifier)
         self.model = model.eval()
         self.name = name
         self._embedding = [verifier.get_input_embeddings()]  # lists: held by reference, not as submodules
