@@ -15,7 +15,7 @@ from specbench.decoding.diversed import WeightHead
 from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.warping import Warping
 from specbench.drafters.eagle3 import Eagle3Drafter
-from specbench.drafters.eagle3_head import Eagle3Head
+from specbench.drafters.eagle3.head import Eagle3Head
 from specbench.drafters.prompt_lookup import PromptLookupDrafter
 from specbench.models.draft_vocab import DraftVocab
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model

@@ -328,7 +328,7 @@ def synth_dir(tmp_path_factory):
 
 def save_vocab_checkpoint(path, vocab: DraftVocab, **overrides):
     """A checkpoint holding a draft vocabulary as task=train method=eagle3 saves it (head_metadata)."""
-    from specbench.drafters.eagle3_head import Eagle3Head
+    from specbench.drafters.eagle3.head import Eagle3Head
     from specbench.training.eagle3 import head_metadata
 
     loaded = tiny_loaded(num_layers=8)

@@ -245,7 +245,7 @@ def test_the_embedded_verifier_in_bf16_scores_a_block_as_it_scores_each_position
 @pytest.mark.slow
 def test_the_embedded_pair_in_bf16_decodes_speculatively_as_autoregressively_at_batch_1_and_4():
     from specbench.decoding import DraftSchedule
-    from specbench.drafters.eagle3_format import eagle3_drafter
+    from specbench.drafters.eagle3.format import eagle3_drafter
     from specbench.drafters.fallback import suffix_then_eagle3
     from specbench.drafters.suffix import SuffixDrafter
     from specbench.evaluation import eos_token_ids

@@ -145,7 +145,7 @@ def suffix_then_eagle3(
     """``model/drafter=suffix-eagle3-smollm2``: the suffix drafter, and the EAGLE-3 head at ``path`` where the
     suffix drafter has fewer than ``min_lookup_tokens`` tokens to propose (a tree of ``tree_width`` tokens per
     depth when ``tree_width`` > 1)."""
-    from specbench.drafters.eagle3_format import eagle3_drafter
+    from specbench.drafters.eagle3.format import eagle3_drafter
     from specbench.drafters.suffix import SuffixDrafter
 
     return FallbackDrafter(

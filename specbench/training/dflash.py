@@ -289,7 +289,7 @@ def build_dflash_training(
 ) -> tuple[DFlashTraining, SyntheticDataModule]:
     """The LightningModule and DataModule of ``task=train method=dflash`` (``verifier`` a LoadedModel)."""
     from specbench.data.synth_dataset import load_synthetic
-    from specbench.drafters.eagle3_checkpoint import verifier_identity
+    from specbench.drafters.eagle3.checkpoint import verifier_identity
     from specbench.models.pair import tokenizer_hash
     from specbench.training.drafter import check_synthetic_source
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from specbench.drafters.eagle3 import Eagle3Drafter
-from specbench.drafters.eagle3_head import Eagle3Head, compact, resolve_taps
+from specbench.drafters.eagle3.head import Eagle3Head, compact, resolve_taps
 from specbench.models.draft_vocab import draft_vocab_for, vocab_metadata
 from specbench.training.batches import TargetSpec, dense_targets, verifier_batch
 from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
@@ -224,7 +224,7 @@ class Eagle3Training(VerifierTraining):
 
 def head_metadata(verifier: Any, head: Eagle3Head, vocab_size: int) -> dict:
     """What ties a head to its verifier (checked when it is loaded) and rebuilds its architecture."""
-    from specbench.drafters.eagle3_checkpoint import verifier_identity
+    from specbench.drafters.eagle3.checkpoint import verifier_identity
 
     return {
         "method": METHOD,
@@ -245,7 +245,7 @@ def warm_start(head: Eagle3Head, path: str | Path, verifier: Any, vocab_size: in
     decoding) and have the same taps. Its fc, decoder layer and norm are copied; the LM head rows of the
     tokens both draft vocabularies hold are copied when the checkpoint trained its LM head, and the rows of
     tokens new to this vocabulary stay the verifier's."""
-    from specbench.drafters.eagle3_checkpoint import load_trained_eagle3
+    from specbench.drafters.eagle3.checkpoint import load_trained_eagle3
     from specbench.models.pair import CheckpointMismatchError
 
     source, metadata = load_trained_eagle3(path, verifier, vocab_size)

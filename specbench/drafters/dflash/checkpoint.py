@@ -159,7 +159,7 @@ def load_trained_dflash(path: str | Path, verifier: Any, vocab_size: int) -> tup
     """The draft network ``task=train method=dflash`` saved and its draft vocabulary (None: the full one),
     checked against ``verifier`` (a LoadedModel: the same name, weights and tokenizer it was trained on, as
     for EAGLE-3 heads)."""
-    from specbench.drafters.eagle3_checkpoint import IDENTITY_KEYS, verifier_identity
+    from specbench.drafters.eagle3.checkpoint import IDENTITY_KEYS, verifier_identity
     from specbench.models.pair import metadata_differences
 
     config, weights, metadata = read_trained(path)

@@ -202,7 +202,7 @@ def dflash_drafter(
         if not source.is_dir():
             from huggingface_hub import snapshot_download
 
-            from specbench.drafters.eagle3_format import looks_like_file
+            from specbench.drafters.eagle3.format import looks_like_file
 
             if looks_like_file(str(path)):
                 raise FileNotFoundError(

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.compact:
-            from specbench.drafters.eagle3_checkpoint import compact_checkpoint
+            from specbench.drafters.eagle3.checkpoint import compact_checkpoint
 
             read_trained(args.checkpoint)  # a DFlash checkpoint, or a named error
             print(f"wrote {compact_checkpoint(args.checkpoint, args.out, DTYPES[args.dtype], 'dflash')}")

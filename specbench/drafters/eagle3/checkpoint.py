@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from specbench.drafters.eagle3_head import Eagle3Head
+from specbench.drafters.eagle3.head import Eagle3Head
 from specbench.models.draft_vocab import DraftVocab
 
 HEAD_PREFIX = "head."
