@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness import first_turn_ids, heldout_questions, task_of
 
     from specbench.decoding import GenerationSettings, SpeculativeEngine
-    from specbench.drafters.eagle3_format import load_eagle3_drafter
+    from specbench.drafters.eagle3.format import load_eagle3_drafter
     from specbench.evaluation import eos_token_ids, pad_token_id
     from specbench.models import ModelSpec, load_verifier
     from specbench.models.pair import verifier_vocab_size

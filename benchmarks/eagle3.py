@@ -40,7 +40,7 @@ from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEng
 from specbench.decoding.cost import CostProfile
 from specbench.decoding.cost_aware import CostAwareSchedule
 from specbench.decoding.model_drafter import ModelDrafter
-from specbench.drafters.eagle3_format import load_eagle3_drafter
+from specbench.drafters.eagle3.format import load_eagle3_drafter
 from specbench.drafters.fallback import suffix_then_eagle3
 from specbench.drafters.suffix import SuffixDrafter
 from specbench.evaluation import measure_profile

@@ -447,7 +447,7 @@ def main(argv=None) -> int:
     pad = pad_token_id(tokenizer, eos)
     vocab = min(len(tokenizer), model.get_output_embeddings().weight.shape[0])
     if drafter_kind == "eagle3":
-        from specbench.drafters.eagle3_format import load_eagle3_drafter
+        from specbench.drafters.eagle3.format import load_eagle3_drafter
 
         drafter_label = f"eagle3 head {args.head}"
 
