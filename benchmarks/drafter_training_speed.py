@@ -29,13 +29,16 @@ import sys
 import time
 from pathlib import Path
 
-from specbench.results import add_record_options, record_run
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import benchmark_parser
+
+from specbench.results import record_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, threads=1)
     parser.add_argument("--data", default="/work/data/synth_t1_p150", help="a task=synth dir of the verifier")
     parser.add_argument("--rows", type=int, default=24, help="training rows taken from --data (its first ones)")
     parser.add_argument("--steps", type=int, default=12, help="optimiser steps per mode")
@@ -43,10 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--method", default="sd2", choices=("sd2", "distill"))
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
     parser.add_argument("--modes", default="fly,cached,vocab", help="comma separated: fly, cached, vocab")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "runs" / "drafter-training-speed"))
     parser.add_argument("--keep-cache", action="store_true", help="keep the feature caches (several hundred MB)")
-    add_record_options(parser)
     return parser.parse_args(argv)
 
 

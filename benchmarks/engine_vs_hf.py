@@ -22,6 +22,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import benchmark_parser
+
 from specbench.data.prompts import load_jsonl
 from specbench.data.templates import encode_prompt
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine, VerificationRule
@@ -30,24 +33,20 @@ from specbench.decoding.model_drafter import ModelDrafter
 from specbench.evaluation import eos_token_ids, pad_token_id
 from specbench.models import ModelSpec, load_verifier, shared_vocab_size, synchronize
 from specbench.pairs import load_drafter
-from specbench.results import add_record_options, bootstrap_interval, record_run
+from specbench.results import bootstrap_interval, record_run
 from specbench.results.record import figure
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--questions", required=True, help="Spec-Bench question.jsonl (or any prompt jsonl)")
-    parser.add_argument("--num-prompts", type=int, default=10)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser = benchmark_parser(
+        __doc__, questions={"required": True, "help": "Spec-Bench question.jsonl (or any prompt jsonl)"},
+        num_prompts=10, max_new_tokens=96, device="auto", dtype="float32", threads=None,
+    )  # fmt: skip
     parser.add_argument("--gamma", type=int, default=3)
     parser.add_argument("--drafter-layers", type=int, default=4, help="K of the early-exit drafter")
     parser.add_argument("--drafter", default=None, help="hub id / local path of a separate drafter instead")
     parser.add_argument("--verifier", default=None, help="hub id / local path (default: embedded SmolLM2)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is stable on a busy machine)")
     parser.add_argument("--json-out", default=None, help="also write the figures to this JSON file")
-    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -112,24 +111,7 @@ def main(argv=None) -> int:
     for run in runners.values():  # warm-up
         run(encoded[0][:32])
 
-    times = {name: [] for name in runners}
-    tokens = {name: [] for name in runners}
-    outputs = {name: [] for name in runners}
-    engine_results = []
-    for index, ids in enumerate(encoded):
-        for name, run in runners.items():
-            synchronize(device)
-            start = time.perf_counter()
-            out, result = run(ids)
-            synchronize(device)
-            times[name].append(time.perf_counter() - start)
-            tokens[name].append(len(out))
-            outputs[name].append(out)
-            if name == "ours_sd":
-                engine_results.append(result)
-        print(f"prompt {index + 1}/{len(encoded)}: " + ", ".join(
-            f"{n} {tokens[n][-1] / times[n][-1]:.1f} tok/s" for n in runners), file=sys.stderr)
-
+    times, tokens, outputs, engine_results = time_runners(runners, encoded, device)
     identical = all(outputs[name] == outputs["hf_ar"] for name in runners)
     mismatched = [name for name in runners if outputs[name] != outputs["hf_ar"]]
     figures = {name: _throughput(tokens[name], times[name]) for name in runners}
@@ -162,6 +144,29 @@ def main(argv=None) -> int:
         "against HF generate (autoregressive)",
     )
     return 0 if identical else 1
+
+
+def time_runners(runners: dict, encoded: list[list[int]], device) -> tuple[dict, dict, dict, list]:
+    """Every runner on every prompt in turn: seconds, output lengths and outputs per runner, and the engine
+    results of ``ours_sd``."""
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    tokens: dict[str, list[int]] = {name: [] for name in runners}
+    outputs: dict[str, list] = {name: [] for name in runners}
+    engine_results = []
+    for index, ids in enumerate(encoded):
+        for name, run in runners.items():
+            synchronize(device)
+            start = time.perf_counter()
+            out, result = run(ids)
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+            tokens[name].append(len(out))
+            outputs[name].append(out)
+            if name == "ours_sd":
+                engine_results.append(result)
+        print(f"prompt {index + 1}/{len(encoded)}: " + ", ".join(
+            f"{n} {tokens[n][-1] / times[n][-1]:.1f} tok/s" for n in runners), file=sys.stderr)  # fmt: skip
+    return times, tokens, outputs, engine_results
 
 
 def _drafter_label(args, drafter) -> str:

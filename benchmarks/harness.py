@@ -10,6 +10,7 @@ Answer files in Spec-Bench's format are written per runner.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -18,24 +19,59 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from specbench.data.dataset_sources import question_file
 from specbench.data.dataset_specs import MT_BENCH_CATEGORIES
 from specbench.data.dataset_subsets import in_subset
 from specbench.data.datasets import encode_messages
 from specbench.data.prompts import read_jsonl
-from specbench.decoding import SpeculativeEngine
-from specbench.evaluation import forgetting
-from specbench.results import add_record_options, record_run  # noqa: F401  (scripts import it from here)
+from specbench.results import add_record_options, record_run  # scripts import record_run from here
 from specbench.results.record import bootstrap_interval, figure
+
+if TYPE_CHECKING:  # pragma: no cover  (torch loads when a runner is built, so the parser stays torch-free)
+    import torch
+
+    from specbench.decoding import SpeculativeEngine
 
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 TASK_TITLES = {
     "mt_bench": "MT", "translation": "Trans", "summarization": "Summ", "qa": "QA",
     "math_reasoning": "Math", "rag": "RAG",
 }  # fmt: skip
+
+
+# The flags several scripts take, with their help; a script's benchmark_parser(...) call names the ones it
+# takes and their defaults.
+COMMON_FLAGS: dict[str, dict[str, Any]] = {
+    "questions": {"help": "Spec-Bench question.jsonl (or any prompt jsonl); default: Spec-Bench's"},
+    "per_task": {"type": int, "help": "held-out questions per Spec-Bench task"},
+    "per_category": {"type": int, "help": "prompts per category"},
+    "num_prompts": {"type": int, "help": "prompts to decode"},
+    "max_new_tokens": {"type": int, "help": "new tokens per answer"},
+    "threads": {"type": int, "help": "torch CPU threads (1 is stable on a busy machine)"},
+    "device": {"help": "cpu | cuda | auto"},
+    "dtype": {"help": "auto (as runtime.dtype=auto) | float32 | bfloat16 | float16"},
+    "seed": {"type": int, "help": "sampling seed"},
+    "out_dir": {"help": "where answer files go (default: outputs/NAME/TIME)"},
+}
+_NOT_TAKEN = object()
+
+
+def benchmark_parser(doc: str | None, **defaults: Any) -> argparse.ArgumentParser:
+    """The parser every benchmark script starts from: its docstring as the description, the result-record
+    options (``--no-record``, ``--results-dir``, ``--headline``) and each :data:`COMMON_FLAGS` flag named in
+    ``defaults`` (``per_task=3`` adds ``--per-task`` with default 3; ``dict(default=..., required=True, help=...)``
+    overrides more than the default). The script adds its own flags to the returned parser."""
+    unknown = set(defaults) - set(COMMON_FLAGS)
+    if unknown:
+        raise ValueError(f"no common benchmark flag {sorted(unknown)}; add it to COMMON_FLAGS or to the script")
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for key, value in defaults.items():
+        options = {**COMMON_FLAGS[key], **(value if isinstance(value, dict) else {"default": value})}
+        parser.add_argument(f"--{key.replace('_', '-')}", **options)
+    add_record_options(parser)
+    return parser
 
 
 def task_of(category: str) -> str:
@@ -62,6 +98,8 @@ class Runner:
 
 
 def engine_runner(name: str, engine: SpeculativeEngine) -> Runner:
+    from specbench.evaluation import forgetting
+
     def run(ids: list[int]) -> Decoded:
         engine.reseed(engine.settings.seed)
         result = engine.generate([ids])[0]
@@ -77,6 +115,26 @@ def engine_runner(name: str, engine: SpeculativeEngine) -> Runner:
             run(ids)
 
     return Runner(name, run, warm)
+
+
+@dataclass
+class Setup:
+    """One row of a speed benchmark: its name, its drafter (None: autoregressive decoding) and draft schedule
+    (None: the engine's default). Scripts list their rows as setups; :func:`setup_runners` builds them."""
+
+    name: str
+    drafter: Any = None
+    schedule: Any = None
+
+
+def setup_runners(model, setups: Sequence[Setup], **common: Any) -> list[Runner]:
+    """An :func:`engine_runner` per setup, in order, on ``model`` with the shared engine arguments."""
+    from specbench.decoding import SpeculativeEngine
+
+    return [
+        engine_runner(setup.name, SpeculativeEngine(model, setup.drafter, schedule=setup.schedule, **common))
+        for setup in setups
+    ]
 
 
 def switched_runner(name: str, engine: SpeculativeEngine, switch: Callable[[], None]) -> Runner:
@@ -108,6 +166,8 @@ def verify_ms_in_turn(
 
 def hf_runner(name: str, model, max_new_tokens: int, eos: Sequence[int], pad: int, **generate_kwargs) -> Runner:
     """HF ``generate`` (greedy) with a forward counter on the verifier, e.g. ``prompt_lookup_num_tokens=10``."""
+    import torch
+
     calls = {"n": 0}
 
     def count(module, args, kwargs):
@@ -115,15 +175,15 @@ def hf_runner(name: str, model, max_new_tokens: int, eos: Sequence[int], pad: in
 
     model.register_forward_pre_hook(count, with_kwargs=True)
 
-    @torch.no_grad()
     def run(ids: list[int]) -> Decoded:
         calls["n"] = 0
         x = torch.tensor([ids], device=model.device)
         start = time.perf_counter()
-        out = model.generate(
-            x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
-            eos_token_id=list(eos), pad_token_id=pad, **generate_kwargs,
-        )  # fmt: skip
+        with torch.no_grad():
+            out = model.generate(
+                x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
+                eos_token_id=list(eos), pad_token_id=pad, **generate_kwargs,
+            )  # fmt: skip
         wall = time.perf_counter() - start
         return Decoded(out[0, len(ids):].tolist(), wall, calls["n"])
 

@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
-    add_record_options,
     all_identical,
+    benchmark_parser,
     decode_and_report,
     engine_runner,
     heldout_questions,
@@ -41,14 +41,12 @@ from specbench.models import ModelSpec, load_verifier
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--per-task", type=int, default=5, help="held-out questions per Spec-Bench task")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = benchmark_parser(
+        __doc__, per_task=5, max_new_tokens=128, threads=1,
+        out_dir={"default": None, "help": "default: outputs/model_free/TIME"},
+    )  # fmt: skip
     parser.add_argument("--max-gamma", type=int, default=10, help="longest draft of the cost-aware rows")
     parser.add_argument("--only", default=None, help="comma list of runner names to keep (plus autoregressive)")
-    parser.add_argument("--out-dir", default=None, help="default: outputs/model_free/TIME")
-    add_record_options(parser)
     return parser.parse_args(argv)
 
 

@@ -41,7 +41,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specbench.results import add_record_options, record_run
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import benchmark_parser
+
+from specbench.results import record_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TAPS = "[2,15,27]"  # SmolLM2 has 30 layers: low, mid, high as SD²'s [3, 16, 29] of 32 (and EAGLE-3's taps)
@@ -119,8 +122,8 @@ class Runner:
         print(f"step {step.name} done in {self.timings[step.name]:.0f} s", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "sd2-pipeline")
     parser.add_argument("--data", type=Path, help="an existing task=synth dataset (skips synth)")
     parser.add_argument("--synth-prompts", type=int, default=256, help="training-part Spec-Bench prompts to sample")
@@ -140,52 +143,72 @@ def main() -> None:
     parser.add_argument("--budget-min", type=float, help="start no new step after this many minutes")
     parser.add_argument("--plot", type=Path, help="also write the figure here (it is always OUT/sd2_study.png)")
     parser.add_argument("extra", nargs="*", help="more launch.py overrides for every step")
-    add_record_options(parser)
-    args = parser.parse_args()
-    out = args.out.resolve()
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    runner = Runner(out, args.jobs, None if args.budget_min is None else args.budget_min * 60)
-    data = args.data.resolve() if args.data else out / "synth"
-    cache = (args.feature_cache or out / "features").resolve()
-    trainings = [t for t in args.trainings.split(",") if t]
-    unknown = sorted(set(trainings) - set(TRAININGS))
-    if unknown:
-        sys.exit(f"--trainings: unknown {unknown}; choose from {','.join(TRAININGS)}")
+    return parser.parse_args(argv)  # fmt: skip
 
-    common = ["runtime.num_threads=1", f"steering.v_layers={TAPS}", *args.extra]
-    vocab = ([f"model.drafter.draft_vocab={data}", f"model.drafter.draft_vocab_size={args.draft_vocab_size}"]
-             if args.draft_vocab_size else [])
+
+@dataclass
+class Study:
+    """Where the study writes and the overrides every step shares."""
+
+    args: argparse.Namespace
+    out: Path
+    data: Path
+    cache: Path
+    trainings: list[str]
+    common: list[str]
+    vocab: list[str]
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Study:
+        out = args.out.resolve()
+        data = args.data.resolve() if args.data else out / "synth"
+        trainings = [t for t in args.trainings.split(",") if t]
+        unknown = sorted(set(trainings) - set(TRAININGS))
+        if unknown:
+            sys.exit(f"--trainings: unknown {unknown}; choose from {','.join(TRAININGS)}")
+        vocab = ([f"model.drafter.draft_vocab={data}", f"model.drafter.draft_vocab_size={args.draft_vocab_size}"]
+                 if args.draft_vocab_size else [])  # fmt: skip
+        common = ["runtime.num_threads=1", f"steering.v_layers={TAPS}", *args.extra]
+        return cls(args, out, data, (args.feature_cache or out / "features").resolve(), trainings, common, vocab)
+
+
+def synth_and_train(study: Study, runner: Runner) -> None:
+    """Sample the dataset (unless --data) and train every drafter of --trainings; the first training builds
+    the feature cache (unless it exists), the others then reuse it."""
+    args, out, data = study.args, study.out, study.data
     if not args.data:
         runner.run([Step("synth", [
             "task=synth", "dataset.subset=train", f"dataset.limit={args.synth_prompts}", "synth.temperature=1.0",
             f"synth.responses_per_prompt={args.responses_per_prompt}", f"synth.output_dir={data}",
-            f"hydra.run.dir={out / 'hydra' / 'synth'}", *common,
-        ], data / "dataset")])
+            f"hydra.run.dir={out / 'hydra' / 'synth'}", *study.common,
+        ], data / "dataset")])  # fmt: skip
     if not (data / "dataset").exists() and not (data / "dataset_dict.json").exists():
         sys.exit(f"no synthetic dataset at {data}: see {out / 'logs' / 'synth.log'}")
-
-    # The first run builds the feature cache (unless it exists); the others then reuse it.
     train_steps = [
         Step(f"train_{name}", [
-            "task=train", *TRAININGS[name], f"train.data={data}", f"train.feature_cache={cache}",
+            "task=train", *TRAININGS[name], f"train.data={data}", f"train.feature_cache={study.cache}",
             "train.feature_top_k=64", f"train.max_steps={args.steps}", f"train.output_dir={out / name}",
-            f"hydra.run.dir={out / 'hydra' / name}", *vocab, *common,
+            f"hydra.run.dir={out / 'hydra' / name}", *study.vocab, *study.common,
         ], out / name / "trained.pt")
-        for name in trainings
-    ]
-    if train_steps and not (cache / "features.json").exists():
+        for name in study.trainings
+    ]  # fmt: skip
+    if train_steps and not (study.cache / "features.json").exists():
         runner.run(train_steps[:1])
     runner.run(train_steps)
 
+
+def evaluate(study: Study, runner: Runner) -> tuple[list[dict], list[dict]]:
+    """Every drafter at every (temperature, seed) and the speed rows at --speed-gammas: their metrics."""
+    args, out = study.args, study.out
     tag = "" if args.eval_dtype == "float32" else "-bf16"
     settings = ([(0.0, 0)] if args.greedy else []) + [(1.0, int(s)) for s in args.seeds.split(",") if s]
-    drafters = [d for d in DRAFTERS if d == "pretrained" or TRAINED_BY[d] in trainings]
+    drafters = [d for d in DRAFTERS if d == "pretrained" or TRAINED_BY[d] in study.trainings]
 
     def evaluation(drafter: str, run: Path, overrides: list[str]) -> Step:
         return Step(f"eval_{run.name}", [
             *[o.format(out=out) for o in DRAFTERS[drafter]], *overrides, f"dataset.limit={args.eval_prompts}",
             f"eval.output_dir={run}", f"hydra.run.dir={out / 'hydra' / run.name}", f"runtime.dtype={args.eval_dtype}",
-            *vocab, *common,
+            *study.vocab, *study.common,
         ], run / "metrics.json", after=[] if drafter == "pretrained" else [f"train_{TRAINED_BY[drafter]}"])  # fmt: skip
 
     speed_gammas = [int(g) for g in args.speed_gammas.split(",") if g]
@@ -203,7 +226,18 @@ def main() -> None:
 
     results = [r for t, s in settings for d in drafters for r in measured(d, f"{d}-T{t:g}-s{s}{tag}", t)]
     speed = [r for g in speed_gammas for d in speed_drafters for r in measured(d, f"{d}-T0-s0-g{g}{tag}", 0.0)]
-    curves = read_curves(out, trainings)
+    return results, speed
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    study = Study.of(args)
+    out = study.out
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    runner = Runner(out, args.jobs, None if args.budget_min is None else args.budget_min * 60)
+    synth_and_train(study, runner)
+    results, speed = evaluate(study, runner)
+    curves = read_curves(out, study.trainings)
     report(results, speed, curves, runner, out, args.eval_dtype)
     if results or curves:
         plot(results, curves, [out / "sd2_study.png", *([args.plot] if args.plot else [])])
@@ -216,7 +250,7 @@ def main() -> None:
             notes=f"experiment=cpu-sd2, {args.steps} training steps per drafter (float32), draft vocabulary "
             f"{args.draft_vocab_size or 'full'}; evaluations in {args.eval_dtype}, each next to its own autoregressive "
             "run; T = 1 rows: mean over seeds" + (f"; steps failed or not run: {not_run}" if not_run else ""),
-        )
+        )  # fmt: skip
     else:
         print("no evaluation finished: no result record")
 

@@ -4,7 +4,8 @@ Every module under ``specbench/`` (and ``launch.py``) is parsed with ``ast`` —
 every import in it counts: at the top, inside functions, under ``TYPE_CHECKING``, relative ones, and a
 constant passed to ``importlib.import_module``. Each module belongs to one layer (``LAYERS``, from the ground
 up); a module may import its own layer and the layers below, never one above; the modules import no one in a
-circle; and none is longer than ``MAX_LINES``.
+circle; and none is longer than ``MAX_LINES``. No function in ``specbench/``, ``benchmarks/`` or ``launch.py`` is
+longer than ``MAX_FUNCTION_LINES`` (from its ``def`` to its last line, docstring included).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "specbench"
 DATA = PACKAGE / "data"
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 80
 
 # From the ground up: the first entry of a dotted name below ``specbench.`` (a package or a top-level module)
 # sits in one layer. docs/architecture.md says what each is for and why this order.
@@ -38,6 +40,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 KNOWN_LONG: set[str] = set()
+# Functions over MAX_FUNCTION_LINES, as "path::qualified.name", to be emptied: EvalTask.run is split by the
+# issue-40 work on tasks/eval.py.
+KNOWN_LONG_FUNCTIONS: set[str] = {"specbench/tasks/eval.py::EvalTask.run"}
 
 
 def imported_modules(source: str, package: str) -> set[str]:
@@ -245,6 +250,52 @@ def test_no_module_is_too_long():
     assert not bad, f"modules over {MAX_LINES} lines (split them by job):\n" + "\n".join(bad)
     stale = {module for module in KNOWN_LONG if lengths.get(module, 0) <= MAX_LINES}
     assert not stale, f"KNOWN_LONG lists modules no longer over {MAX_LINES} lines: {sorted(stale)}"
+
+
+FUNCTION_SOURCES = sorted([*PATHS, *(ROOT / "benchmarks").rglob("*.py"), ROOT / "launch.py"])
+
+
+def function_lengths(source: str) -> dict[str, int]:
+    """Every function and method of ``source`` (nested ones too), by qualified name, with its line count."""
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}{child.name}"
+                found[name] = child.end_lineno - child.lineno + 1
+                visit(child, f"{name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def long_functions() -> dict[str, int]:
+    return {
+        f"{path.relative_to(ROOT)}::{name}": n
+        for path in FUNCTION_SOURCES
+        for name, n in function_lengths(path.read_text(encoding="utf-8")).items()
+        if n > MAX_FUNCTION_LINES
+    }
+
+
+def test_no_function_is_too_long():
+    found = long_functions()
+    bad = [f"{name}: {n} lines" for name, n in sorted(found.items()) if name not in KNOWN_LONG_FUNCTIONS]
+    assert not bad, f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n" + "\n".join(bad)
+    stale = KNOWN_LONG_FUNCTIONS - set(found)
+    assert not stale, f"KNOWN_LONG_FUNCTIONS lists functions no longer over {MAX_FUNCTION_LINES} lines: {sorted(stale)}"
+
+
+def test_the_function_scan_counts_methods_and_nested_functions():
+    source = "class A:\n    def f(self):\n        def g():\n            pass\n        return g\n\ndef h():\n    pass\n"
+    assert function_lengths(source) == {"A.f": 4, "A.f.g": 2, "h": 2}
+    assert "specbench/pipelines/synthesize.py" in {str(p.relative_to(ROOT)) for p in FUNCTION_SOURCES}
+    assert any(p.parent.name == "benchmarks" for p in FUNCTION_SOURCES)
 
 
 def test_the_known_exceptions_are_empty():
