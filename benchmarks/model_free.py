@@ -21,16 +21,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
+    Setup,
     all_identical,
     benchmark_parser,
     decode_and_report,
-    engine_runner,
     heldout_questions,
     hf_runner,
     out_dir,
+    setup_runners,
 )
 
-from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
+from specbench.decoding import DraftSchedule, GenerationSettings
 from specbench.decoding.cost import CostProfile, measure_verify_ms
 from specbench.decoding.cost_aware import CostAwareSchedule
 from specbench.drafters.ngram import NgramDrafter
@@ -77,21 +78,20 @@ def main(argv=None) -> int:
                           threads=args.threads, context_len=384)
     print(profile.table(), f"\n(profile measured in {time.perf_counter() - started:.1f} s)", file=sys.stderr)
 
-    runners = [engine_runner("autoregressive", SpeculativeEngine(model, None, **common))]
-    runners += [
+    lookups = [
+        setup
+        for name, (factory, gamma) in lookup_drafters(args.max_gamma).items()
+        for setup in (Setup(f"{name}-g{gamma}", factory(), DraftSchedule("constant", gamma)),
+                      Setup(f"{name}+cost", factory(), CostAwareSchedule(profile, args.max_gamma)))
+    ]  # fmt: skip
+    runners = [
+        *setup_runners(model, [Setup("autoregressive")], **common),
         hf_runner("hf-pld-10", model, args.max_new_tokens, eos, pad, prompt_lookup_num_tokens=10,
                   max_matching_ngram_size=2),
         hf_runner("hf-pld-4", model, args.max_new_tokens, eos, pad, prompt_lookup_num_tokens=4,
                   max_matching_ngram_size=2),
+        *setup_runners(model, lookups, **common),
     ]  # fmt: skip
-    for name, (factory, gamma) in lookup_drafters(args.max_gamma).items():
-        runners.append(engine_runner(
-            f"{name}-g{gamma}", SpeculativeEngine(model, factory(), schedule=DraftSchedule("constant", gamma), **common)
-        ))  # fmt: skip
-        runners.append(engine_runner(
-            f"{name}+cost", SpeculativeEngine(model, factory(), schedule=CostAwareSchedule(profile, args.max_gamma),
-                                              **common)
-        ))  # fmt: skip
     if args.only:
         keep = {"autoregressive", *args.only.split(",")}
         runners = [r for r in runners if r.name in keep]
