@@ -4,7 +4,7 @@ New code imports :mod:`specbench.drafters.eagle3` (the CLI: ``python -m specbenc
 
 import sys
 
-from specbench.drafters.eagle3.format import *  # noqa: F403  (every public name of the new module)
+from specbench.drafters.eagle3.format import *  # every public name of the new module
 from specbench.drafters.eagle3.format import main, resolve_head_path  # noqa: F401
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@
 ``target: specbench.drafters.eagle3.Eagle3Drafter`` (or ``.eagle3_drafter``) keeps working.
 """
 
-from specbench.drafters.eagle3.head import Eagle3Head, default_taps, resolve_taps
 from specbench.drafters.eagle3.checkpoint import compact_checkpoint, load_trained_eagle3, verifier_identity
 from specbench.drafters.eagle3.drafter import Eagle3Drafter
 from specbench.drafters.eagle3.format import (
@@ -17,6 +16,7 @@ from specbench.drafters.eagle3.format import (
     load_eagle3_drafter,
     load_eagle3_pretrained,
 )
+from specbench.drafters.eagle3.head import Eagle3Head, default_taps, resolve_taps
 
 __all__ = [
     "Eagle3Drafter",

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from specbench.drafters.eagle3.drafter import Eagle3Drafter
 from specbench.drafters.eagle3.checkpoint import compact_checkpoint, load_trained_eagle3
+from specbench.drafters.eagle3.drafter import Eagle3Drafter
 from specbench.drafters.eagle3.head import Eagle3Head, default_taps, resolve_taps
 from specbench.models.checkpoints import resolve_project_path
 from specbench.models.draft_vocab import DraftVocab
@@ -280,7 +280,12 @@ def _mapping(state: dict, config: dict, vocab_size: int, directory: Path) -> Dra
 
 
 def load_eagle3_drafter(
-    source: str | Path, verifier: Any, vocab_size: int, taps=None, name: str | None = None, tree_width: int = 1
+    source: str | Path,
+    verifier: Any,
+    vocab_size: int,
+    taps=None,
+    name: str | None = None,
+    tree_width: int = 1,
 ) -> Eagle3Drafter:
     """An :class:`Eagle3Drafter` from a specbench checkpoint file, or a public head (directory / hub id);
     ``tree_width`` > 1 drafts trees (the chain plus ``tree_width − 1`` leaves per depth)."""
@@ -305,7 +310,9 @@ def looks_like_file(path: str) -> bool:
     return str(path).endswith(CHECKPOINT_SUFFIXES) or str(path).startswith(("/", "./", "../", "~"))
 
 
-def eagle3_drafter(path: str | None, verifier: Any, vocab_size: int, taps=None, tree_width: int = 1) -> Eagle3Drafter:
+def eagle3_drafter(
+    path: str | None, verifier: Any, vocab_size: int, taps=None, tree_width: int = 1
+) -> Eagle3Drafter:
     """``model/drafter=eagle3``: the head at ``path`` (``model.drafter.params.path``) for this verifier;
     ``tree_width`` (``model.drafter.params.tree_width``) > 1 drafts trees, verified by ``method=sd``."""
     if not path:
