@@ -43,9 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         __doc__.split("\n\n")[0], threads=None,
         max_new_tokens={"default": None, "help": "default: the preset's gen.max_new_tokens"},
     )  # fmt: skip
-    parser.add_argument("--head", help="a trained DIVERSED head (trained.pt or last.ckpt); default: train one")
+    parser.add_argument(
+        "--head", help="a trained DIVERSED head (trained.pt or last.ckpt); default: train one"
+    )
     parser.add_argument("--train-dir", default=str(ROOT / "outputs" / "diversed-translation"))
-    parser.add_argument("--retrain", action="store_true", help="train again even if --train-dir has trained.pt")
+    parser.add_argument(
+        "--retrain", action="store_true", help="train again even if --train-dir has trained.pt"
+    )
     parser.add_argument("--train-override", action="append", default=[],
                         help="extra override for task=train (repeatable), e.g. train.max_steps=30")
     parser.add_argument("--weights", default="0.1,0.3,0.5,0.7,0.9", help="static-ensemble draft weights")
@@ -174,8 +178,12 @@ class TranslationTask:
                 forwards += len(result.rounds)
                 tokens += len(result.output_ids)
             wall += run.wall_time
-            outputs = [self.verifier.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in run.results]
-            seed_bleu.append(score_samples("bleu", outputs, self.references, stops=self.stops).metrics["quality_bleu"])
+            outputs = [
+                self.verifier.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in run.results
+            ]
+            seed_bleu.append(
+                score_samples("bleu", outputs, self.references, stops=self.stops).metrics["quality_bleu"]
+            )
             texts += outputs
             refs += self.references
         quality = score_samples("bleu", texts, refs, stops=self.stops)
@@ -259,12 +267,19 @@ def main(argv: list[str] | None = None) -> int:
             "head": str(head), "prompts": len(prompts), "gamma": gamma, "max_new_tokens": max_new, "seeds": seeds,
             "rows": rows, "checks": [{"check": c, "passed": p, "figures": f} for c, p, f in results],
         }, indent=2) + "\n")  # fmt: skip
-    verdicts = "; ".join(f"{'n/a' if p is None else ('PASS' if p else 'FAIL')} {c}: {f}" for c, p, f in results)
+    verdicts = "; ".join(
+        f"{'n/a' if p is None else ('PASS' if p else 'FAIL')} {c}: {f}" for c, p, f in results
+    )
     record_run(
-        args, "diversed_translation", record_rows(rows),
-        f"spec_bench translation heldout, seeds {','.join(map(str, seeds))}", len(prompts),
-        device=str(verifier.model.device), dtype=str(verifier.model.dtype).removeprefix("torch."),
-        threads=torch.get_num_threads(), doc="docs/diversed.md#measured-on-cpu",
+        args,
+        "diversed_translation",
+        record_rows(rows),
+        f"spec_bench translation heldout, seeds {','.join(map(str, seeds))}",
+        len(prompts),
+        device=str(verifier.model.device),
+        dtype=str(verifier.model.dtype).removeprefix("torch."),
+        threads=torch.get_num_threads(),
+        doc="docs/diversed.md#measured-on-cpu",
         notes=f"{drafter.name}, T = 1, gamma {gamma}, {max_new} new tokens; head {head}; methods decode one after "
         f"another (not interleaved); BLEU: corpus BLEU over every seed's outputs. Checks: {verdicts}",
     )

@@ -61,7 +61,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="trained.pt of task=train method=eagle3; repeat it to compare heads in the same run (rows named by "
         "the head's folder); default: the committed head",
     )  # fmt: skip
-    parser.add_argument("--gammas", default="3,5", help="comma list of constant draft lengths for the head (empty: no head rows)")
+    parser.add_argument(
+        "--gammas",
+        default="3,5",
+        help="comma list of constant draft lengths for the head (empty: no head rows)",
+    )
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--no-early-exit", action="store_true", help="leave out the early-exit row")
     parser.add_argument(
@@ -81,7 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "cost_aware rows instead of one measured now: to test how learned costs recover from a bad profile",
     )  # fmt: skip
     parser.add_argument(
-        "--suffix-cache", default=None,
+        "--suffix-cache",
+        default=None,
         help="a suffix cache file (python -m specbench.drafters.suffix_seed): each --fallback row runs twice, "
         "its suffix drafter's global tree empty and seeded from the file (rows suffixed -seeded)",
     )
@@ -172,7 +177,9 @@ def lookup_setups(args, verifier, vocab: int, head: str) -> list[Setup]:
     if args.suffix:
         seeded = {"cache_file": args.suffix_cache, "update_cache_file": False} if args.suffix_cache else {}
         drafter = SuffixDrafter(num_speculative_tokens=FALLBACK_CAP, **seeded)
-        setups.append(Setup("suffix" + ("-seeded" if seeded else ""), drafter, DraftSchedule("constant", FALLBACK_CAP)))
+        setups.append(
+            Setup("suffix" + ("-seeded" if seeded else ""), drafter, DraftSchedule("constant", FALLBACK_CAP))
+        )
     for width, gamma in tree_shapes(args.trees):
         drafter = load_eagle3_drafter(head, verifier, vocab, tree_width=width)
         setups.append(Setup(f"eagle3-tree-w{width}-g{gamma}", drafter, DraftSchedule("constant", gamma)))
@@ -187,34 +194,48 @@ def fallback_setups(args, verifier, vocab: int, head: str) -> tuple[list[Setup],
     cost profile pricing their cost_aware schedules, and the learning schedules by row."""
     schedules = [name for name in (n.strip() for n in args.fallback_schedules.split(",")) if name]
     if unknown := sorted(set(schedules) - set(FALLBACK_SUFFIXES)):
-        raise SystemExit(f"--fallback-schedules: unknown {unknown}; choose from {', '.join(FALLBACK_SUFFIXES)}")
+        raise SystemExit(
+            f"--fallback-schedules: unknown {unknown}; choose from {', '.join(FALLBACK_SUFFIXES)}"
+        )
     fallback_profile, learning, setups = None, {}, []
-    if args.fallback and {"cost_aware", "cost_aware_profile"} & set(schedules):  # v(n) up to the longest chain
+    if args.fallback and {"cost_aware", "cost_aware_profile"} & set(
+        schedules
+    ):  # v(n) up to the longest chain
         if args.fallback_profile:
             fallback_profile = read_profile(args.fallback_profile)
         else:
-            fallback_profile = measure_profile(verifier, None, vocab, FALLBACK_CAP + 1, context_len=256, repeats=7)
+            fallback_profile = measure_profile(
+                verifier, None, vocab, FALLBACK_CAP + 1, context_len=256, repeats=7
+            )
         print(f"verification costs for the cost_aware rows:\n{fallback_profile.table()}", file=sys.stderr)
     for least in [int(m) for m in args.fallback.split(",") if m.strip()]:
         for width in [int(w) for w in args.fallback_widths.split(",") if w.strip()]:
             for name in schedules if width == 1 else ["constant"]:  # trees are not trimmed
                 for seed in [None, args.suffix_cache] if args.suffix_cache else [None]:
-                    schedule = (DraftSchedule("constant", FALLBACK_CAP) if name == "constant" else
-                                CostAwareSchedule(fallback_profile, FALLBACK_CAP, learn_costs=name == "cost_aware"))
+                    schedule = (
+                        DraftSchedule("constant", FALLBACK_CAP)
+                        if name == "constant"
+                        else CostAwareSchedule(
+                            fallback_profile, FALLBACK_CAP, learn_costs=name == "cost_aware"
+                        )
+                    )
                     label = (f"suffix+eagle3-m{least}" + (f"-w{width}" if width > 1 else "")
                              + FALLBACK_SUFFIXES[name] + ("-seeded" if seed else ""))
                     if name == "cost_aware":
                         learning[label] = schedule
                     suffix = {"num_speculative_tokens": FALLBACK_CAP, "cache_file": seed}
-                    drafter = suffix_then_eagle3(head, verifier, vocab, min_lookup_tokens=least, suffix=suffix,
-                                                 tree_width=width)
+                    drafter = suffix_then_eagle3(
+                        head, verifier, vocab, min_lookup_tokens=least, suffix=suffix, tree_width=width
+                    )
                     setups.append(Setup(label, drafter, schedule))
     return setups, fallback_profile, learning  # fmt: skip
 
 
 def print_costs(heads: list[str], profiles: dict, learning: dict, args) -> None:
     for path in heads:
-        print(f"head cost c = {profiles[path].c:.3f} (time per drafted token / one-token verifier forward): {path}")
+        print(
+            f"head cost c = {profiles[path].c:.3f} (time per drafted token / one-token verifier forward): {path}"
+        )
     gamma = max(dflash_gammas(args), default=0)
     for name, cost in ((n, p.c) for n, p in profiles.items() if n.startswith("dflash")):
         print(f"{name} cost c = {cost:.3f} per drafted token at γ {gamma} (one forward drafts them all: "

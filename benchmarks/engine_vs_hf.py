@@ -103,8 +103,10 @@ def main(argv=None) -> int:
     device = verifier.model.device
     runners = {
         "hf_ar": lambda ids: (hf_generate(verifier.model, None, ids, args.max_new_tokens, eos, pad), None),
-        "hf_assisted": lambda ids: (hf_generate(verifier.model, drafter.model, ids, args.max_new_tokens, eos, pad),
-                                    None),
+        "hf_assisted": lambda ids: (
+            hf_generate(verifier.model, drafter.model, ids, args.max_new_tokens, eos, pad),
+            None,
+        ),
         "ours_ar": lambda ids: _ours(ours_ar, ids),
         "ours_sd": lambda ids: _ours(ours_sd, ids),
     }
@@ -136,9 +138,14 @@ def main(argv=None) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     record_run(
-        args, "engine_vs_hf", record_rows(report, tokens, times, outputs, _drafter_label(args, drafter)),
-        f"{Path(args.questions).parent.name}/{Path(args.questions).name}, first {len(encoded)}", len(encoded),
-        device=report["device"], dtype=report["dtype"].removeprefix("torch."), threads=torch.get_num_threads(),
+        args,
+        "engine_vs_hf",
+        record_rows(report, tokens, times, outputs, _drafter_label(args, drafter)),
+        f"{Path(args.questions).parent.name}/{Path(args.questions).name}, first {len(encoded)}",
+        len(encoded),
+        device=report["device"],
+        dtype=report["dtype"].removeprefix("torch."),
+        threads=torch.get_num_threads(),
         doc="docs/benchmarks.md#engine-vs-hf-transformers",
         notes=f"{report['verifier']} / {report['drafter']}, {args.max_new_tokens} new tokens, greedy; speedup "
         "against HF generate (autoregressive)",
@@ -201,7 +208,9 @@ def record_rows(report: dict, tokens: dict[str, list[int]], times: dict[str, lis
             speed["interval"] = list(bootstrap_interval(own, _rate))
         if len(own) >= 2 and name != "hf_ar":
             paired = list(zip(own, base))
-            speedup["median"] = statistics.median((n / t) / (nb / tb) for (n, t), (nb, tb) in paired if t > 0 and tb > 0)
+            speedup["median"] = statistics.median(
+                (n / t) / (nb / tb) for (n, t), (nb, tb) in paired if t > 0 and tb > 0
+            )
             speedup["interval"] = list(bootstrap_interval(
                 paired, lambda xs: _rate([a for a, _ in xs]) / _rate([b for _, b in xs])))  # fmt: skip
         figures = {"tokens_per_s": speed, "speedup": speedup}
@@ -212,7 +221,9 @@ def record_rows(report: dict, tokens: dict[str, list[int]], times: dict[str, lis
                 if isinstance(engine.get(key), (int, float)) and engine[key] == engine[key]:
                     figures[label] = figure(engine[key])
             figures["forward_share"] = figure(100.0 * report["forward_time_share"], unit="%")
-        rows.append({"setup": setup, "figures": figures, "identical_outputs": outputs[name] == outputs["hf_ar"]})
+        rows.append(
+            {"setup": setup, "figures": figures, "identical_outputs": outputs[name] == outputs["hf_ar"]}
+        )
     return rows
 
 
@@ -237,9 +248,11 @@ def _print_report(report: dict) -> None:
         print(f"{name:<13}{fig['tokens_per_s']:>10.2f}{fig['median_tokens_per_s']:>10.2f}"
               f"{fig['tokens_per_s'] / base:>10.2f}")
     engine = report["engine"]
-    print(f"\nours_sd / hf_assisted = {report['ours_sd_vs_hf_assisted']:.2f}x   "
-          f"ours_ar / hf_ar = {report['ours_ar_vs_hf_ar']:.2f}x   identical outputs: {report['identical_outputs']}"
-          + (f" (mismatch: {report['mismatched']})" if report["mismatched"] else ""))
+    print(
+        f"\nours_sd / hf_assisted = {report['ours_sd_vs_hf_assisted']:.2f}x   "
+        f"ours_ar / hf_ar = {report['ours_ar_vs_hf_ar']:.2f}x   identical outputs: {report['identical_outputs']}"
+        + (f" (mismatch: {report['mismatched']})" if report["mismatched"] else "")
+    )
     print("engine: " + "  ".join(f"{k}={v:.3f}" for k, v in engine.items())
           + f"  forward_time_share={report['forward_time_share']:.3f}")
 

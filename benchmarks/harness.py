@@ -65,7 +65,9 @@ def benchmark_parser(doc: str | None, **defaults: Any) -> argparse.ArgumentParse
     overrides more than the default). The script adds its own flags to the returned parser."""
     unknown = set(defaults) - set(COMMON_FLAGS)
     if unknown:
-        raise ValueError(f"no common benchmark flag {sorted(unknown)}; add it to COMMON_FLAGS or to the script")
+        raise ValueError(
+            f"no common benchmark flag {sorted(unknown)}; add it to COMMON_FLAGS or to the script"
+        )
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     for key, value in defaults.items():
         options = {**COMMON_FLAGS[key], **(value if isinstance(value, dict) else {"default": value})}
@@ -161,10 +163,14 @@ def verify_ms_in_turn(
         for name, (model, switch, context) in setups.items():
             switch()
             timings[name].append(measure_verify_ms(model, vocab, max_n, context_len=context, repeats=3))
-    return {name: [statistics.median(r[n] for r in rows) for n in range(max_n)] for name, rows in timings.items()}
+    return {
+        name: [statistics.median(r[n] for r in rows) for n in range(max_n)] for name, rows in timings.items()
+    }
 
 
-def hf_runner(name: str, model, max_new_tokens: int, eos: Sequence[int], pad: int, **generate_kwargs) -> Runner:
+def hf_runner(
+    name: str, model, max_new_tokens: int, eos: Sequence[int], pad: int, **generate_kwargs
+) -> Runner:
     """HF ``generate`` (greedy) with a forward counter on the verifier, e.g. ``prompt_lookup_num_tokens=10``."""
     import torch
 
@@ -211,7 +217,9 @@ def first_turn_ids(tokenizer, question: dict) -> list[int]:
     return encode_messages(tokenizer, [{"role": "user", "content": question["turns"][0]}])[0]
 
 
-def run_all(runners: list[Runner], tokenizer, questions: list[dict], progress: bool = True) -> dict[str, list[dict]]:
+def run_all(
+    runners: list[Runner], tokenizer, questions: list[dict], progress: bool = True
+) -> dict[str, list[dict]]:
     """Answers of every runner, per question, in rotating order; each runner warmed up first."""
     first = first_turn_ids(tokenizer, questions[0])
     for runner in runners:
@@ -246,7 +254,10 @@ def write_answer_files(out_dir: Path, answers: dict[str, list[dict]]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, rows in answers.items():
         path = out_dir / f"{name}.jsonl"
-        lines = [json.dumps({k: v for k, v in row.items() if k != "output_ids"}, ensure_ascii=False) for row in rows]
+        lines = [
+            json.dumps({k: v for k, v in row.items() if k != "output_ids"}, ensure_ascii=False)
+            for row in rows
+        ]
         path.write_text("\n".join(sorted(lines, key=lambda line: json.loads(line)["question_id"])) + "\n")
 
 
@@ -277,7 +288,8 @@ def table(answers: dict[str, list[dict]], baseline: str) -> dict[str, dict[str, 
                 # the median of the per-question ratios is the figure an outlier cannot move.
                 "speedup": speed / statistics.mean(_speed(r) for r in base),
                 "median_speedup": statistics.median(ratios),
-                "identical": sum(r["output_ids"] == b["output_ids"] for r, b in zip(picked, base)) / len(picked),
+                "identical": sum(r["output_ids"] == b["output_ids"] for r, b in zip(picked, base))
+                / len(picked),
                 "questions": len(picked),
             }
     return result
@@ -317,7 +329,9 @@ def decode_and_report(runners: list[Runner], tokenizer, questions: list[dict], o
     return figures
 
 
-def record_speed_run(args, name: str, answers: dict[str, list[dict]], questions: list[dict], report: dict) -> None:
+def record_speed_run(
+    args, name: str, answers: dict[str, list[dict]], questions: list[dict], report: dict
+) -> None:
     """The result record of a side-by-side speed run (:func:`speed_rows`) on held-out Spec-Bench questions."""
     greedy = float(report.get("temperature", 0.0) or 0.0) == 0.0
     record_run(args, name, speed_rows(answers, "autoregressive", greedy), "spec_bench heldout (first turn)",
@@ -330,7 +344,9 @@ def _ratio_of_means(pairs: Sequence[tuple[float, float]]) -> float:
     return statistics.mean(s for s, _ in pairs) / max(statistics.mean(b for _, b in pairs), 1e-9)
 
 
-def speed_rows(answers: dict[str, list[dict]], baseline: str = "autoregressive", greedy: bool = True) -> list[dict]:
+def speed_rows(
+    answers: dict[str, list[dict]], baseline: str = "autoregressive", greedy: bool = True
+) -> list[dict]:
     """Result-record rows of a :func:`run_all` run: per runner its speedup against ``baseline`` (Spec-Bench's
     ratio of mean tokens/s, with the median per-question ratio and a bootstrap interval over questions), τ
     and tokens/s; ``identical_outputs`` only for greedy runs (sampled outputs differ by design)."""
@@ -338,7 +354,10 @@ def speed_rows(answers: dict[str, list[dict]], baseline: str = "autoregressive",
     rows = []
     for name, answered in answers.items():
         pairs = [(_speed(r), _speed(reference[r["question_id"]])) for r in answered]
-        taus = [sum(r["choices"][0]["new_tokens"]) / max(sum(r["choices"][0]["decoding_steps"]), 1) for r in answered]
+        taus = [
+            sum(r["choices"][0]["new_tokens"]) / max(sum(r["choices"][0]["decoding_steps"]), 1)
+            for r in answered
+        ]
         tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in answered)
         steps = sum(sum(r["choices"][0]["decoding_steps"]) for r in answered)
         figures = {"tokens_per_s": figure(statistics.mean(s for s, _ in pairs), [s for s, _ in pairs])}
@@ -377,7 +396,9 @@ def round_figures(answered: list[dict]) -> dict[str, dict]:
     choices = [row["choices"][0] for row in answered]
     if not any(c.get("drafted") for c in choices):
         return {}
-    out = {f"acc_pos{k + 1}": figure(a) for k, a in enumerate(acceptance_by_position(answered)) if a is not None}
+    out = {
+        f"acc_pos{k + 1}": figure(a) for k, a in enumerate(acceptance_by_position(answered)) if a is not None
+    }
     drafting = sum(c.get("draft_time", 0.0) for c in choices)
     total = drafting + sum(c.get("verify_time", 0.0) for c in choices)
     if total > 0:

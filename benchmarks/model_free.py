@@ -47,7 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         out_dir={"default": None, "help": "default: outputs/model_free/TIME"},
     )  # fmt: skip
     parser.add_argument("--max-gamma", type=int, default=10, help="longest draft of the cost-aware rows")
-    parser.add_argument("--only", default=None, help="comma list of runner names to keep (plus autoregressive)")
+    parser.add_argument(
+        "--only", default=None, help="comma list of runner names to keep (plus autoregressive)"
+    )
     return parser.parse_args(argv)
 
 

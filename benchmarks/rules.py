@@ -307,7 +307,9 @@ def record_rows(merged: dict[str, list[dict]], records: dict[str, list[dict]], s
         if s["deferred_per_round"] is not None:
             figures["deferred_per_round"] = figure(s["deferred_per_round"])
         described = {k: v for k, v in rules[name].items() if k != "rule"}
-        row["notes"] = f"rule {rules[name].get('rule', 'auto')}" + (f" {json.dumps(described)}" if described else "")
+        row["notes"] = f"rule {rules[name].get('rule', 'auto')}" + (
+            f" {json.dumps(described)}" if described else ""
+        )
     return rows
 
 
@@ -445,7 +447,11 @@ def drafter_factory(args, verifier, vocab: int) -> tuple[str, Callable[[], Any]]
         def make_drafter():
             return ModelDrafter(early_exit_drafter(verifier.model, args.layers), vocab)
 
-    how = "" if args.drafter else f" (default: {args.head} {'found' if drafter_kind == 'eagle3' else 'not found'})"
+    how = (
+        ""
+        if args.drafter
+        else f" (default: {args.head} {'found' if drafter_kind == 'eagle3' else 'not found'})"
+    )
     print(f"drafter: {label}{how}", file=sys.stderr)
     return label, make_drafter
 
@@ -461,7 +467,9 @@ class RuleEngines:
     problems: list[str]
 
 
-def build_rule_engines(specs: dict[str, RowSpec], model, make_drafter, common: dict, gamma: int) -> RuleEngines:
+def build_rule_engines(
+    specs: dict[str, RowSpec], model, make_drafter, common: dict, gamma: int
+) -> RuleEngines:
     built = RuleEngines({}, {}, {}, [])
     for name, spec in specs.items():
         if spec.method == "auto":
@@ -498,7 +506,9 @@ def decode_seeds(
         current["seed"] = seed
         logs: dict[str, list[Sample]] = {name: [] for name in built.engines}
         runners = [
-            rule_runner(name, engine, lambda: current["seed"], logs[name], built.counters.get(name), number == 0)
+            rule_runner(
+                name, engine, lambda: current["seed"], logs[name], built.counters.get(name), number == 0
+            )
             for name, engine in built.engines.items()
         ]
         print(f"seed {seed}", file=sys.stderr)

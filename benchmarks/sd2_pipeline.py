@@ -63,7 +63,10 @@ DRAFTERS = {
     "sd2-frozen": ["method=sd2", "steering=sd2", "steering.checkpoint={out}/sd2-frozen/trained.pt"],
 }
 
-TRAINED_BY = {"distilled": "distill", **{name: name for name in TRAININGS if name != "distill"}}  # drafter -> run
+TRAINED_BY = {
+    "distilled": "distill",
+    **{name: name for name in TRAININGS if name != "distill"},
+}  # drafter -> run
 LABELS = {"pretrained": "pretrained", "distilled": "distilled", "sd2": "SD²", "sd2-simple": "SD² simple",
           "sd2-frozen": "SD² frozen"}  # the drafters' names in the result record  # fmt: skip
 
@@ -126,7 +129,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "sd2-pipeline")
     parser.add_argument("--data", type=Path, help="an existing task=synth dataset (skips synth)")
-    parser.add_argument("--synth-prompts", type=int, default=256, help="training-part Spec-Bench prompts to sample")
+    parser.add_argument(
+        "--synth-prompts", type=int, default=256, help="training-part Spec-Bench prompts to sample"
+    )
     parser.add_argument("--responses-per-prompt", type=int, default=4)
     parser.add_argument("--feature-cache", type=Path, help="verifier-feature cache (default OUT/features)")
     parser.add_argument("--draft-vocab-size", type=int, default=8192, help="0: the full vocabulary")
@@ -135,13 +140,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--eval-prompts", type=int, default=12, help="held-out prompts per evaluation")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of the T = 1 evaluations")
     parser.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--speed-gammas", default="", help="also decode greedy at these γ (comma list) with the "
-                        "distilled and SD² drafters: the speed rows (τ is compared at the preset's γ)")
+    parser.add_argument(
+        "--speed-gammas",
+        default="",
+        help="also decode greedy at these γ (comma list) with the "
+        "distilled and SD² drafters: the speed rows (τ is compared at the preset's γ)",
+    )
     parser.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32",
                         help="dtype of the evaluations (bfloat16: the row-invariant CPU forwards)")
     parser.add_argument("--jobs", type=int, default=1, help="steps run at once (one torch thread each)")
     parser.add_argument("--budget-min", type=float, help="start no new step after this many minutes")
-    parser.add_argument("--plot", type=Path, help="also write the figure here (it is always OUT/sd2_study.png)")
+    parser.add_argument(
+        "--plot", type=Path, help="also write the figure here (it is always OUT/sd2_study.png)"
+    )
     parser.add_argument("extra", nargs="*", help="more launch.py overrides for every step")
     return parser.parse_args(argv)  # fmt: skip
 
@@ -169,7 +180,9 @@ class Study:
         vocab = ([f"model.drafter.draft_vocab={data}", f"model.drafter.draft_vocab_size={args.draft_vocab_size}"]
                  if args.draft_vocab_size else [])  # fmt: skip
         common = ["runtime.num_threads=1", f"steering.v_layers={TAPS}", *args.extra]
-        return cls(args, out, data, (args.feature_cache or out / "features").resolve(), trainings, common, vocab)
+        return cls(
+            args, out, data, (args.feature_cache or out / "features").resolve(), trainings, common, vocab
+        )
 
 
 def synth_and_train(study: Study, runner: Runner) -> None:
@@ -222,10 +235,16 @@ def evaluate(study: Study, runner: Runner) -> tuple[list[dict], list[dict]]:
 
     def measured(drafter: str, name: str, temperature: float) -> list[dict]:
         path = out / "eval" / name / "metrics.json"
-        return [{**json.loads(path.read_text()), "drafter": drafter, "temperature": temperature}] if path.exists() else []
+        return (
+            [{**json.loads(path.read_text()), "drafter": drafter, "temperature": temperature}]
+            if path.exists()
+            else []
+        )
 
     results = [r for t, s in settings for d in drafters for r in measured(d, f"{d}-T{t:g}-s{s}{tag}", t)]
-    speed = [r for g in speed_gammas for d in speed_drafters for r in measured(d, f"{d}-T0-s0-g{g}{tag}", 0.0)]
+    speed = [
+        r for g in speed_gammas for d in speed_drafters for r in measured(d, f"{d}-T0-s0-g{g}{tag}", 0.0)
+    ]
     return results, speed
 
 
@@ -333,7 +352,9 @@ def read_curves(out: Path, trainings: list[str]) -> dict[str, dict[str, list[tup
 
 
 def summarise(results: list[dict], drafter: str, temperature: float, key: str) -> list[float]:
-    return [r[key] for r in results if r["drafter"] == drafter and r["temperature"] == temperature and key in r]
+    return [
+        r[key] for r in results if r["drafter"] == drafter and r["temperature"] == temperature and key in r
+    ]
 
 
 def spread(values: list[float]) -> str:
@@ -343,7 +364,9 @@ def spread(values: list[float]) -> str:
     return f"{mean:.3f}" if len(values) == 1 else f"{mean:.3f}±{statistics.stdev(values):.3f}"
 
 
-def report(results: list[dict], speed: list[dict], curves: dict, runner: Runner, out: Path, dtype: str) -> None:
+def report(
+    results: list[dict], speed: list[dict], curves: dict, runner: Runner, out: Path, dtype: str
+) -> None:
     header = (f"{'drafter':<11} {'T':>3} {'seeds':>5} {'tau':>13} {'accept':>13} {'a@1':>6} {'a@2':>6} "
               f"{'a@3':>6} {'a@4':>6} {'tok/s':>7} {'AR tok/s':>8} {'speedup':>13} {'=AR':>5}")
     lines = [f"evaluations in {dtype}", header, "-" * len(header)]
@@ -382,9 +405,11 @@ def report(results: list[dict], speed: list[dict], curves: dict, runner: Runner,
         lines += ["", "greedy, other γ (speed):", (f"{'drafter':<11} {'gamma':>5} {'tau':>6} {'accept':>7} "
                   f"{'tok/s':>7} {'AR tok/s':>8} {'speedup':>8} {'=AR':>5}")]
         for r in sorted(speed, key=lambda r: (r["gamma"], list(DRAFTERS).index(r["drafter"]))):
-            lines.append(f"{r['drafter']:<11} {r['gamma']:>5} {r['tau']:>6.3f} {r['acceptance_rate']:>7.3f} "
-                         f"{r['tokens_per_s']:>7.2f} {r.get('baseline_tokens_per_s', float('nan')):>8.2f} "
-                         f"{r.get('speedup', float('nan')):>7.2f}x {r.get('baseline_match_rate', float('nan')):>5.2f}")
+            lines.append(
+                f"{r['drafter']:<11} {r['gamma']:>5} {r['tau']:>6.3f} {r['acceptance_rate']:>7.3f} "
+                f"{r['tokens_per_s']:>7.2f} {r.get('baseline_tokens_per_s', float('nan')):>8.2f} "
+                f"{r.get('speedup', float('nan')):>7.2f}x {r.get('baseline_match_rate', float('nan')):>5.2f}"
+            )
         lines.append("")
     for name, runs in curves.items():
         last = {k: v[-1][1] for k, v in runs.items() if v}

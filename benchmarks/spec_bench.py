@@ -247,7 +247,9 @@ def run_benchmark(
 
 def write_answers(path: Path, answers: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({k: v for k, v in row.items() if k != "output_ids"}, ensure_ascii=False) for row in answers]
+    lines = [
+        json.dumps({k: v for k, v in row.items() if k != "output_ids"}, ensure_ascii=False) for row in answers
+    ]
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
@@ -404,8 +406,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nanswers: {method_file}\n         {baseline_file}")
     lossless = args.temperature == 0.0 and (label == "auto" or bool(engine.rule.lossless))
     record_run(
-        args, "spec_bench", record_rows(method_rows, baseline_rows, table, label, lossless), prompt_set(args, questions),
-        len(questions), device=str(verifier.model.device), dtype=dtype, threads=torch.get_num_threads(),
+        args,
+        "spec_bench",
+        record_rows(method_rows, baseline_rows, table, label, lossless),
+        prompt_set(args, questions),
+        len(questions),
+        device=str(verifier.model.device),
+        dtype=dtype,
+        threads=torch.get_num_threads(),
         doc="docs/datasets.md#spec-bench-answer-files-and-table",
         notes=f"verifier {model_id}, drafter {args.drafter}"
         + (f" (K = {args.drafter_layers})" if args.drafter == "early-exit" else "")

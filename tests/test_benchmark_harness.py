@@ -38,13 +38,21 @@ def test_the_shared_parser_adds_the_common_flags_a_script_names_and_the_record_o
 
     parser = benchmark_parser("doc", per_task=3, threads=1, out_dir={"default": None, "help": "where"})
     args = parser.parse_args(["--per-task", "5"])
-    assert (args.per_task, args.threads, args.out_dir, args.no_record, args.headline) == (5, 1, None, False, "")
+    assert (args.per_task, args.threads, args.out_dir, args.no_record, args.headline) == (
+        5,
+        1,
+        None,
+        False,
+        "",
+    )
     assert not hasattr(args, "max_new_tokens")  # not named: not taken
     with pytest.raises(SystemExit):
         parser.parse_args(["--dtype", "float32"])
     with pytest.raises(ValueError, match="no common benchmark flag"):
         benchmark_parser("doc", per_tsk=3)
-    assert {"questions", "per_task", "per_category", "max_new_tokens", "threads", "dtype"} <= set(COMMON_FLAGS)
+    assert {"questions", "per_task", "per_category", "max_new_tokens", "threads", "dtype"} <= set(
+        COMMON_FLAGS
+    )
 
 
 def test_every_benchmark_script_builds_its_parser_from_the_harness():

@@ -689,7 +689,9 @@ def test_lightning_fit_checkpoints_the_head_resumes_and_loads_for_decoding(verif
     torch.testing.assert_close(reloaded.head.lm_head.weight, rows)
 
 
-def test_init_head_starts_training_from_a_trained_head_over_another_draft_vocabulary(verifier, synth_dir, tmp_path):
+def test_init_head_starts_training_from_a_trained_head_over_another_draft_vocabulary(
+    verifier, synth_dir, tmp_path
+):
     first = train_cfg(synth_dir, tmp_path, feature_cache=None, val_prompts=0, draft_vocab_size=40)
     trained, _, _ = fit(first, verifier, tmp_path / "first", 1)
     path = export_trained(trained, trained.metadata(), tmp_path / "first.pt")
@@ -785,7 +787,9 @@ def test_init_layer_from_the_verifier_starts_as_its_last_layer_on_the_highest_ta
     for name, param in last.mlp.named_parameters():
         torch.testing.assert_close(dict(head.midlayer.mlp.named_parameters())[name], param)
     torch.testing.assert_close(head.midlayer.hidden_norm.weight, last.input_layernorm.weight)
-    assert not torch.equal(head.midlayer.hidden_norm.weight, torch.ones_like(head.midlayer.hidden_norm.weight))
+    assert not torch.equal(
+        head.midlayer.hidden_norm.weight, torch.ones_like(head.midlayer.hidden_norm.weight)
+    )
 
 
 @pytest.mark.slow
@@ -795,7 +799,9 @@ def test_the_committed_head_loads_for_the_embedded_verifier_and_decodes_lossless
 
     embedded = load_verifier(ModelSpec(kind="embedded"), device="cpu", dtype="float32")
     vocab = len(embedded.tokenizer)
-    drafter = eagle3_drafter("checkpoints/eagle3-smollm2-135m/trained.pt", embedded, vocab)  # project-relative
+    drafter = eagle3_drafter(
+        "checkpoints/eagle3-smollm2-135m/trained.pt", embedded, vocab
+    )  # project-relative
     assert drafter.head.taps == (2, 15, 27) and drafter.head.vocab.size == 8192
     prompt = embedded.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Name three colours of the rainbow."}], add_generation_prompt=True
@@ -818,6 +824,10 @@ def test_the_package_and_the_old_module_path_name_the_same_objects():
     from specbench.targets import import_target
 
     assert import_target("specbench.drafters.eagle3.Eagle3Drafter") is Eagle3Drafter
-    assert import_target("specbench.drafters.eagle3.eagle3_drafter") is public.eagle3_drafter is eagle3.eagle3_drafter
+    assert (
+        import_target("specbench.drafters.eagle3.eagle3_drafter")
+        is public.eagle3_drafter
+        is eagle3.eagle3_drafter
+    )
     assert import_target("specbench.drafters.eagle3_format.eagle3_drafter") is public.eagle3_drafter
     assert import_target("specbench.drafters.eagle3_format.resolve_head_path") is public.resolve_head_path

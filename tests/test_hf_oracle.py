@@ -42,7 +42,11 @@ def pair(arch: str, drafter_kind: str):
 def hf_ensemble(verifier, drafter, prompt, gamma, draft_weight, eos=EOS_ID, hf_settings=None):
     drafter = copy.deepcopy(drafter)  # HF reads (and may update) the drafter's generation_config
     settings = hf_settings or {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant"}
-    settings = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0, **settings}
+    settings = {
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+        **settings,
+    }
     for key, value in settings.items():
         setattr(drafter.generation_config, key, value)
     kwargs = {} if draft_weight == 0 else {"assistant_ensemble_weight": 1.0 - draft_weight}

@@ -111,14 +111,20 @@ def edges(module: str) -> tuple[tuple[str, int], ...]:
     """The specbench modules ``module`` imports, each with the line of the first import that loads it."""
     path = SCANNED[module]
     seen: dict[str, int] = {}
-    names = imports_with_lines(path.read_text(encoding="utf-8"), package_of(path) if module != "launch" else "")
+    names = imports_with_lines(
+        path.read_text(encoding="utf-8"), package_of(path) if module != "launch" else ""
+    )
     by_line: dict[int, set[str]] = {}
     for name, line in names:
         by_line.setdefault(line, set()).add(name)
     for name, line in names:
         # ``from package import submodule`` loads the submodule, not what the package's __init__ imports
         others = by_line[line] - {name}
-        if name in MODULES and others and all(other in MODULES and other.startswith(f"{name}.") for other in others):
+        if (
+            name in MODULES
+            and others
+            and all(other in MODULES and other.startswith(f"{name}.") for other in others)
+        ):
             continue
         target = resolve(name)
         if target and target != module:
@@ -246,7 +252,11 @@ def test_no_import_cycle():
 
 def test_no_module_is_too_long():
     lengths = {module: len(path.read_text(encoding="utf-8").splitlines()) for module, path in MODULES.items()}
-    bad = [f"{module}: {n} lines" for module, n in sorted(lengths.items()) if n > MAX_LINES and module not in KNOWN_LONG]
+    bad = [
+        f"{module}: {n} lines"
+        for module, n in sorted(lengths.items())
+        if n > MAX_LINES and module not in KNOWN_LONG
+    ]
     assert not bad, f"modules over {MAX_LINES} lines (split them by job):\n" + "\n".join(bad)
     stale = {module for module in KNOWN_LONG if lengths.get(module, 0) <= MAX_LINES}
     assert not stale, f"KNOWN_LONG lists modules no longer over {MAX_LINES} lines: {sorted(stale)}"
@@ -286,9 +296,13 @@ def long_functions() -> dict[str, int]:
 def test_no_function_is_too_long():
     found = long_functions()
     bad = [f"{name}: {n} lines" for name, n in sorted(found.items()) if name not in KNOWN_LONG_FUNCTIONS]
-    assert not bad, f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n" + "\n".join(bad)
+    assert not bad, f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n" + "\n".join(
+        bad
+    )
     stale = KNOWN_LONG_FUNCTIONS - set(found)
-    assert not stale, f"KNOWN_LONG_FUNCTIONS lists functions no longer over {MAX_FUNCTION_LINES} lines: {sorted(stale)}"
+    assert not stale, (
+        f"KNOWN_LONG_FUNCTIONS lists functions no longer over {MAX_FUNCTION_LINES} lines: {sorted(stale)}"
+    )
 
 
 def test_the_function_scan_counts_methods_and_nested_functions():
@@ -305,7 +319,10 @@ def test_the_known_exceptions_are_empty():
 @pytest.mark.parametrize("path", sorted(DATA.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_data_modules_do_not_import_the_engine_or_tasks(path):
     forbidden = [
-        f"specbench.{name}" for names in LAYERS[layer("specbench.data") + 1 :] for name in names if name != "launch"
+        f"specbench.{name}"
+        for names in LAYERS[layer("specbench.data") + 1 :]
+        for name in names
+        if name != "launch"
     ]
     bad = sorted(
         name
@@ -350,7 +367,9 @@ def test_the_checks_catch_a_loop_and_an_upward_import():
 
 
 def test_layers_and_resolution():
-    assert layer("specbench.models.loading") < layer("specbench.drafters.base") < layer("specbench.tasks.eval")
+    assert (
+        layer("specbench.models.loading") < layer("specbench.drafters.base") < layer("specbench.tasks.eval")
+    )
     assert resolve("specbench.decoding.engine.SpeculativeEngine") == "specbench.decoding.engine"
     assert resolve("os.path") is None
 

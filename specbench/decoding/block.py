@@ -36,7 +36,9 @@ class BlockTerms:
     threshold: torch.Tensor  # (B, G) column i-1 holds h_i; 0 past the row's length (never accepted)
 
 
-def block_terms(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor) -> BlockTerms:
+def block_terms(
+    p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor
+) -> BlockTerms:
     """ρ_i and h_i of every row (shapes as in :func:`specbench.decoding.verification.verify_round`)."""
     batch, gamma = drafts.shape
     p_x = p[:, :gamma].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)

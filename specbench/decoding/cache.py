@@ -29,7 +29,9 @@ from specbench.models.taps import record_states
 class ForwardOutput:
     logits: torch.Tensor  # (B, W, vocab) float32, sliced to the shared vocabulary (or what ``lm_head`` gives)
     hidden: torch.Tensor | None  # (B, W, H) last hidden state: the LM head's input (final-normed)
-    taps: dict[int, torch.Tensor] = field(default_factory=dict)  # residual-stream taps (specbench.models.taps)
+    taps: dict[int, torch.Tensor] = field(
+        default_factory=dict
+    )  # residual-stream taps (specbench.models.taps)
 
 
 class CachedModel:
@@ -97,7 +99,9 @@ class CachedModel:
                 hidden = body.last_hidden_state
                 logits = self.lm_head(hidden)
         self.valid = torch.cat([self.valid, input_valid], dim=1)
-        return ForwardOutput(logits=logits.float(), hidden=hidden if output_hidden else None, taps=states.taps)
+        return ForwardOutput(
+            logits=logits.float(), hidden=hidden if output_hidden else None, taps=states.taps
+        )
 
     def _tree_inputs(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Position ids and the 4D attention mask of a tree forward (transformers passes 4D masks as they are)."""

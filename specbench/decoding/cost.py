@@ -159,7 +159,10 @@ def measure_verify_ms(
     cached.reset(batch_size)
     cached.forward(context)
     keep = cached.num_valid.clone()
-    blocks = [torch.randint(0, vocab_size, (batch_size, n), generator=generator).to(device) for n in range(1, max_n + 1)]
+    blocks = [
+        torch.randint(0, vocab_size, (batch_size, n), generator=generator).to(device)
+        for n in range(1, max_n + 1)
+    ]
 
     def step(block: torch.Tensor) -> None:
         cached.forward(block)

@@ -114,7 +114,9 @@ class CostAwareSchedule:
         """(max_gamma,) estimated α_j for j = 1..max_gamma."""
         alpha = torch.empty(self.max_gamma, dtype=torch.float64)
         previous = PRIOR_MEAN
-        for j, (accepts, trials) in enumerate(zip(self.accepts[bucket].tolist(), self.trials[bucket].tolist())):
+        for j, (accepts, trials) in enumerate(
+            zip(self.accepts[bucket].tolist(), self.trials[bucket].tolist())
+        ):
             previous = alpha[j] = (accepts + PRIOR_TRIALS * previous) / (trials + PRIOR_TRIALS)
         return alpha
 

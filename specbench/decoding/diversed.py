@@ -66,13 +66,18 @@ class WeightHead(nn.Module):
 
     def logits(self, drafter_hidden: torch.Tensor, verifier_hidden: torch.Tensor) -> torch.Tensor:
         """(..., 2) float32 logits of (draft, verifier)."""
-        if drafter_hidden.shape[-1] != self.drafter_hidden_size or verifier_hidden.shape[-1] != self.verifier_hidden_size:
+        if (
+            drafter_hidden.shape[-1] != self.drafter_hidden_size
+            or verifier_hidden.shape[-1] != self.verifier_hidden_size
+        ):
             raise ValueError(
                 f"WeightHead expects drafter/verifier hidden sizes {self.drafter_hidden_size}/"
                 f"{self.verifier_hidden_size}, got {drafter_hidden.shape[-1]}/{verifier_hidden.shape[-1]}"
             )
         device = self.linear.weight.device
-        features = torch.cat([drafter_hidden.to(device, torch.float32), verifier_hidden.to(device, torch.float32)], -1)
+        features = torch.cat(
+            [drafter_hidden.to(device, torch.float32), verifier_hidden.to(device, torch.float32)], -1
+        )
         with torch.autocast(device_type=device.type, enabled=False):  # fp32 also under mixed precision
             return self.linear(features)
 
@@ -95,7 +100,9 @@ class DiversedRule(EnsembleRule):
     name = METHOD
     requires_hidden_states = True
 
-    def __init__(self, head: WeightHead, pool: str = "linear", metadata: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, head: WeightHead, pool: str = "linear", metadata: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(0.0, pool)
         self.head = head
         self.metadata = dict(metadata or {})
@@ -147,7 +154,9 @@ def hidden_size(model: LoadedModel | Drafter) -> int:
     return int(size)
 
 
-def pair_metadata(verifier: LoadedModel, drafter: LoadedModel | Drafter, pool: str = "linear") -> dict[str, Any]:
+def pair_metadata(
+    verifier: LoadedModel, drafter: LoadedModel | Drafter, pool: str = "linear"
+) -> dict[str, Any]:
     """What identifies the pair a head is made for, as stored in its checkpoint."""
     return {
         "method": METHOD,

@@ -90,7 +90,9 @@ def summarize(
         metrics["cost_ratio"] = cost_ratio
         metrics["predicted_speedup"] = predicted_speedup(metrics["acceptance_rate"], gamma, cost_ratio)
     if profile is not None and rounds:
-        metrics["predicted_speedup_profile"] = profile.predicted_speedup([(r.drafted, r.emitted) for r in rounds])
+        metrics["predicted_speedup_profile"] = profile.predicted_speedup(
+            [(r.drafted, r.emitted) for r in rounds]
+        )
     if rounds and all(r.verifier_logp is not None for r in rounds) and new_tokens:
         # Quality with resolution for lossy rules: lossless ones keep E[verifier_logp] of autoregressive sampling.
         metrics["verifier_logp"] = sum(r.verifier_logp for r in rounds) / new_tokens

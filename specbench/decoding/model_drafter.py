@@ -54,7 +54,9 @@ class ModelDrafter(Drafter):
         self.model = model
         self._vocab_size = int(vocab_size or model.config.vocab_size)
         self.draft_vocab = draft_vocab
-        self._rows: dict[tuple[torch.device, torch.dtype], tuple[tuple, torch.Tensor, torch.Tensor | None]] = {}
+        self._rows: dict[
+            tuple[torch.device, torch.dtype], tuple[tuple, torch.Tensor, torch.Tensor | None]
+        ] = {}
         if draft_vocab is None:
             self.cached = CachedModel(model, self._vocab_size)
         else:
@@ -71,7 +73,9 @@ class ModelDrafter(Drafter):
     def lm_head_rows(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
-    def draft_rows(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def draft_rows(
+        self, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The LM head's weight (and bias) rows of the draft vocabulary on ``device`` in ``dtype``, sliced
         once and cached (sliced again only if the LM head's weights were changed, e.g. by training)."""
         head = self.model.get_output_embeddings()
@@ -110,7 +114,9 @@ class ModelDrafter(Drafter):
         if context.shape[1]:
             self._forward(context, valid)
 
-    def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, output_hidden: bool = False) -> ForwardOutput:
+    def _forward(
+        self, tokens: torch.Tensor, valid: torch.Tensor, output_hidden: bool = False
+    ) -> ForwardOutput:
         """One forward of the drafter over new columns; subclasses wrap it (e.g. steering hooks)."""
         return self.cached.forward(tokens, valid, output_hidden=output_hidden)
 
@@ -162,7 +168,9 @@ class ModelDrafter(Drafter):
         if self.proposes_trees:
             # The cache holds the chain's drafts; a path that left the chain for a leaf keeps only the drafts
             # before it (for a chain the accepted drafts are exactly the leading cached ones).
-            keep = keep - torch.tensor(self._stale_drafts(state, accepted), dtype=torch.long, device=keep.device)
+            keep = keep - torch.tensor(
+                self._stale_drafts(state, accepted), dtype=torch.long, device=keep.device
+            )
         self.cached.keep(keep)
 
     def _stale_drafts(self, state: BatchState, accepted: torch.Tensor) -> list[int]:

@@ -95,7 +95,11 @@ def chain_with_leaves(chain, lengths, leaves, pad_id: int, forwards: int, q: tor
     if q is not None:
         q = torch.cat([q, q.new_zeros(q.shape[0], parents.shape[1] - q.shape[1], q.shape[2])], dim=1)
     return Proposal(
-        tokens=torch.cat(tokens, dim=1), lengths=(parents >= 0).sum(dim=1), q=q, forwards=forwards, parents=parents
+        tokens=torch.cat(tokens, dim=1),
+        lengths=(parents >= 0).sum(dim=1),
+        q=q,
+        forwards=forwards,
+        parents=parents,
     )
 
 

@@ -67,7 +67,9 @@ def trainable_drafter(
 
     lora = lora or LoraSettings()
     present = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules()} & set(LORA_TARGETS))
-    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=present, lora_dropout=0.0, bias="none")
+    config = LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, target_modules=present, lora_dropout=0.0, bias="none"
+    )
     model = inject_adapter_in_model(config, model)
     for name, param in model.named_parameters():
         param.requires_grad_("lora_" in name)
@@ -172,7 +174,9 @@ def trained_draft_vocab(
     from specbench.models.loading import pair_vocab_size
 
     where = f"{key}={str(path)!r}"
-    saved = saved_draft_vocab(metadata, pair_vocab_size(verifier, drafter), tokenizer_hash(verifier.tokenizer), where)
+    saved = saved_draft_vocab(
+        metadata, pair_vocab_size(verifier, drafter), tokenizer_hash(verifier.tokenizer), where
+    )
     configured = drafter.draft_vocab
     if configured is not None and configured != saved:
         raise CheckpointMismatchError(
@@ -183,12 +187,20 @@ def trained_draft_vocab(
     return saved
 
 
-def _load_state(state: dict[str, torch.Tensor], model: PreTrainedModel, steering: Any, path: str | Path) -> None:
-    drafter_state = {k.removeprefix(DRAFTER_PREFIX): v for k, v in state.items() if k.startswith(DRAFTER_PREFIX)}
-    steering_state = {k.removeprefix(STEERING_PREFIX): v for k, v in state.items() if k.startswith(STEERING_PREFIX)}
+def _load_state(
+    state: dict[str, torch.Tensor], model: PreTrainedModel, steering: Any, path: str | Path
+) -> None:
+    drafter_state = {
+        k.removeprefix(DRAFTER_PREFIX): v for k, v in state.items() if k.startswith(DRAFTER_PREFIX)
+    }
+    steering_state = {
+        k.removeprefix(STEERING_PREFIX): v for k, v in state.items() if k.startswith(STEERING_PREFIX)
+    }
     unknown = [k for k in state if not k.startswith((DRAFTER_PREFIX, STEERING_PREFIX))]
     if unknown or (steering_state and steering is None):
-        raise CheckpointMismatchError(f"checkpoint {str(path)!r} holds unexpected weights: {(unknown or list(steering_state))[:4]}")
+        raise CheckpointMismatchError(
+            f"checkpoint {str(path)!r} holds unexpected weights: {(unknown or list(steering_state))[:4]}"
+        )
     if drafter_state:
         result = model.load_state_dict(drafter_state, strict=False)
         if result.unexpected_keys:

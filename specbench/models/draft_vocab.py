@@ -224,7 +224,9 @@ def vocab_metadata(vocab: DraftVocab) -> dict[str, Any]:
     }
 
 
-def saved_draft_vocab(metadata: Mapping[str, Any], vocab_size: int, tokenizer_hash: str, where: str) -> DraftVocab:
+def saved_draft_vocab(
+    metadata: Mapping[str, Any], vocab_size: int, tokenizer_hash: str, where: str
+) -> DraftVocab:
     """The draft vocabulary a checkpoint's metadata holds (``draft_vocab_ids``: an EAGLE-3 head of
     ``task=train method=eagle3``, a drafter trained over a draft vocabulary by ``method=distill|sd2``),
     refused when it was built for another tokenizer or vocabulary size."""
@@ -244,7 +246,9 @@ def saved_draft_vocab(metadata: Mapping[str, Any], vocab_size: int, tokenizer_ha
     vocab = DraftVocab(metadata["draft_vocab_ids"], vocab_size)
     fingerprint = metadata.get("draft_vocab_fingerprint")
     if fingerprint is not None and fingerprint != vocab.fingerprint():
-        raise ValueError(f"{where}: draft_vocab_ids do not match its draft_vocab_fingerprint (a corrupt file)")
+        raise ValueError(
+            f"{where}: draft_vocab_ids do not match its draft_vocab_fingerprint (a corrupt file)"
+        )
     return vocab
 
 

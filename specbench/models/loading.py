@@ -157,7 +157,10 @@ def drafter_vocab(spec: ModelSpec, verifier: LoadedModel, key: str = "model.draf
         raise ConfigError(message if message.startswith(key) else f"{key}.draft_vocab: {message}") from err
     coverage = info.get("draft_vocab_coverage")
     covered = f", {100 * coverage:.1f} % of its response tokens" if isinstance(coverage, float) else ""
-    print(f"draft vocabulary: {vocab.size} of {vocab_size} tokens from {spec.draft_vocab}{covered}", file=sys.stderr)
+    print(
+        f"draft vocabulary: {vocab.size} of {vocab_size} tokens from {spec.draft_vocab}{covered}",
+        file=sys.stderr,
+    )
     return vocab
 
 

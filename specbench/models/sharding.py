@@ -88,7 +88,9 @@ class Placement:
                     f"{key}.device_map puts modules on 'disk': set {key}.offload_folder to a local directory"
                 )
         elif self.device_map is not None:
-            raise PlacementError(f"{key}.device_map must be a strategy name or a mapping, got {self.device_map!r}")
+            raise PlacementError(
+                f"{key}.device_map must be a strategy name or a mapping, got {self.device_map!r}"
+            )
         if self.max_memory is not None:
             if not isinstance(self.device_map, str):
                 raise PlacementError(
@@ -103,7 +105,9 @@ class Placement:
             raise PlacementError(f"{key}.offload_folder is only used with {key}.device_map")
         if self.tp_plan is not None:
             if self.tp_plan not in TP_PLANS:
-                raise PlacementError(f"runtime.tp_plan={self.tp_plan!r}: expected null or one of {list(TP_PLANS)}")
+                raise PlacementError(
+                    f"runtime.tp_plan={self.tp_plan!r}: expected null or one of {list(TP_PLANS)}"
+                )
             if self.device_map is not None:
                 raise PlacementError(
                     f"runtime.tp_plan={self.tp_plan!r} and {key}.device_map are exclusive: tensor parallel puts a "

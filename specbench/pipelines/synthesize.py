@@ -187,7 +187,9 @@ def synthesize(
     record_file = settings_path(out, settings.shard_id, settings.num_shards)
 
     selected = shard_indices(len(prompts), settings.num_shards, settings.shard_id)
-    encoded, formats, skipped = _encode_shard(tokenizer, prompts, selected, settings.max_prompt_len, prompt_format)
+    encoded, formats, skipped = _encode_shard(
+        tokenizer, prompts, selected, settings.max_prompt_len, prompt_format
+    )
 
     responses = settings.responses_per_prompt
     jobs = {job_id(i, k, responses): (i, k) for i in encoded for k in range(responses)}
@@ -271,12 +273,16 @@ class _Sampling:
     """Samples batches of jobs with ``backend`` and appends their rows to the rows file, adding them to
     ``done``; counts the new rows, generated tokens and generation seconds."""
 
-    def __init__(self, backend, settings: SynthSettings, prompts, encoded, jobs, eos, done: dict[int, _Packed]):
+    def __init__(
+        self, backend, settings: SynthSettings, prompts, encoded, jobs, eos, done: dict[int, _Packed]
+    ):
         self.backend, self.settings, self.prompts, self.encoded = backend, settings, prompts, encoded
         self.jobs, self.eos, self.done = jobs, eos, done
         self.new_rows, self.new_tokens, self.wall = 0, 0, 0.0
 
-    def run(self, todo: Sequence[Sequence[int]], rows_file: Path, on_batch: SynthCallback | None, progress: bool):
+    def run(
+        self, todo: Sequence[Sequence[int]], rows_file: Path, on_batch: SynthCallback | None, progress: bool
+    ):
         """Sample every batch of ``todo`` into ``rows_file`` (appended), with a progress bar."""
         from tqdm.auto import tqdm
 

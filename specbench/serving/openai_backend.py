@@ -210,7 +210,9 @@ class OpenAIBackend:
         except Exception as err:
             raise self._failure(err, f"completing a prompt of {len(prompt)} tokens") from err
         if not response.choices:
-            raise SynthServerError(f"synth.server_url={self.server.server_url} returned no choice for a prompt")
+            raise SynthServerError(
+                f"synth.server_url={self.server.server_url} returned no choice for a prompt"
+            )
         choice = response.choices[0]
         ids = self._server_ids(choice) if exact else self._retokenized_ids(choice, response)
         if len(ids) > budget:
@@ -291,7 +293,9 @@ def verifier_without_weights(spec: ModelSpec, dtype: str = "auto") -> LoadedMode
     if spec.kind == "tiny_random":
         return load_verifier(spec, device="cpu", dtype="float32")
     if spec.kind not in ("hub", "local", "embedded"):
-        raise ValueError(f"model/verifier: kind={spec.kind!r} cannot be served; use a hub, local or embedded model")
+        raise ValueError(
+            f"model/verifier: kind={spec.kind!r} cannot be served; use a hub, local or embedded model"
+        )
     path = str(embedded_model_dir()) if spec.kind == "embedded" else os.path.expanduser(spec.path or "")
     revision = spec.revision if spec.kind == "hub" else None
     common = {"revision": revision, "trust_remote_code": spec.trust_remote_code}
@@ -310,7 +314,9 @@ def verifier_without_weights(spec: ModelSpec, dtype: str = "auto") -> LoadedMode
     return LoadedModel(model, tokenizer, spec, model_name(spec))
 
 
-def backend_for(server: ServerSettings, verifier: LoadedModel, sampling: SynthSettings) -> OpenAIBackend | None:
+def backend_for(
+    server: ServerSettings, verifier: LoadedModel, sampling: SynthSettings
+) -> OpenAIBackend | None:
     """The backend ``synthesize`` should use: None (its HF engine) for ``synth.backend=hf``."""
     if not server.remote:
         return None

@@ -102,7 +102,9 @@ def _env_kwargs() -> dict[str, Any]:
     try:
         kwargs = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{KWARGS_ENV} must be a JSON object of drafter arguments, got {text!r} ({err.msg})") from err
+        raise ValueError(
+            f"{KWARGS_ENV} must be a JSON object of drafter arguments, got {text!r} ({err.msg})"
+        ) from err
     if not isinstance(kwargs, dict):
         raise TypeError(f"{KWARGS_ENV} must be a JSON object of drafter arguments, got {text!r}")
     return kwargs
@@ -143,7 +145,9 @@ class DrafterProposer:
         self.eos_token_ids = _eos_ids(vllm_config.model_config)
         self.drafter = drafter if drafter is not None else self.build_drafter(spec, **_env_kwargs())
         check_model_free(self.drafter)
-        schedule = DraftSchedule(gamma=self.num_speculative_tokens, max_gamma=max(self.num_speculative_tokens, 32))
+        schedule = DraftSchedule(
+            gamma=self.num_speculative_tokens, max_gamma=max(self.num_speculative_tokens, 32)
+        )
         self._sampler = DraftSampler(Warping(), torch.Generator(), schedule)  # drafts are deterministic
         self._requests: list[_Request] = []  # in drafter row order
         self._rows: list[int] = []  # the vLLM row of each request at the last call
@@ -167,7 +171,9 @@ class DrafterProposer:
         """Drafts for every request of the batch (``[]`` where none): see the module docstring."""
         num_reqs = len(sampled_token_ids)
         lengths = np.asarray(num_tokens_no_spec)[:num_reqs].astype(np.int64)
-        tokens = token_ids_cpu.numpy() if isinstance(token_ids_cpu, torch.Tensor) else np.asarray(token_ids_cpu)
+        tokens = (
+            token_ids_cpu.numpy() if isinstance(token_ids_cpu, torch.Tensor) else np.asarray(token_ids_cpu)
+        )
         owner = self._match(num_reqs, lengths, tokens)  # vLLM row -> request index (after drops)
         fresh = [
             row for row in range(num_reqs)
@@ -202,7 +208,11 @@ class DrafterProposer:
         owner: dict[int, int] = {}
         unplaced = []
         for index, row in enumerate(self._rows):
-            if row < num_reqs and row not in owner and self._requests[index].continued_by(tokens[row], lengths[row]):
+            if (
+                row < num_reqs
+                and row not in owner
+                and self._requests[index].continued_by(tokens[row], lengths[row])
+            ):
                 owner[row] = index
             else:
                 unplaced.append(index)
@@ -221,7 +231,9 @@ class DrafterProposer:
         self._rows = sorted(owner, key=owner.__getitem__)
         return owner
 
-    def _add(self, rows: list[int], owner: dict[int, int], sampled, lengths: np.ndarray, tokens: np.ndarray) -> None:
+    def _add(
+        self, rows: list[int], owner: dict[int, int], sampled, lengths: np.ndarray, tokens: np.ndarray
+    ) -> None:
         """New drafter rows for requests first seen in ``rows``: fed the prompt (the row without this step's
         tokens), then, by the caller's commit, the rest."""
         held = list(self.drafter.histories.rows)

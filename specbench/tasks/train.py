@@ -73,7 +73,9 @@ class TrainTask(Task):
         if cfg.runtime.num_threads is not None:
             torch.set_num_threads(cfg.runtime.num_threads)
         L.seed_everything(cfg.train.seed, workers=True, verbose=False)
-        verifier = load_verifier(plan.verifier, plan.device, plan.dtype, placement=verifier_placement(cfg, plan))
+        verifier = load_verifier(
+            plan.verifier, plan.device, plan.dtype, placement=verifier_placement(cfg, plan)
+        )
         if plan.method in ("eagle3", "dflash"):  # built from the verifier (and the data), not loaded
             drafter = None
             vocab = shared_vocab_size(verifier.model, verifier.model, verifier.tokenizer, verifier.tokenizer)

@@ -141,7 +141,11 @@ def block_loss(
 def vocab_logits(lm_head: torch.nn.Module, hidden: torch.Tensor, vocab: DraftVocab) -> torch.Tensor:
     """float32 logits over ``vocab`` (draft ids) from the verifier's LM head rows of its tokens."""
     weight = lm_head.weight
-    rows = weight[: vocab.vocab_size] if vocab.is_full else weight.index_select(0, vocab.draft_ids.to(weight.device))
+    rows = (
+        weight[: vocab.vocab_size]
+        if vocab.is_full
+        else weight.index_select(0, vocab.draft_ids.to(weight.device))
+    )
     return F.linear(hidden.to(weight.dtype), rows).float()
 
 
@@ -191,7 +195,9 @@ class DFlashTraining(VerifierTraining):
         out = self._loss(batch, self.step_generator())
         size = batch["input_ids"].shape[0]
         self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
-        self.log("train/acc", out["correct"].sum().float() / out["scored"].sum().clamp(min=1), batch_size=size)
+        self.log(
+            "train/acc", out["correct"].sum().float() / out["scored"].sum().clamp(min=1), batch_size=size
+        )
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=size)
         return out["loss"]
 
@@ -241,11 +247,15 @@ def draft_config(verifier: torch.nn.Module, train: Any) -> DFlashConfig:
         )
     block = int(train_option(train, "dflash_block_size", 16))
     if block < 2:
-        raise ValueError(f"train.dflash_block_size must be >= 2 (the last token and a mask slot), got {block}")
+        raise ValueError(
+            f"train.dflash_block_size must be >= 2 (the last token and a mask slot), got {block}"
+        )
     rows = int(verifier.get_input_embeddings().weight.shape[0])
     mask = train_option(train, "dflash_mask_token_id", None)
     if mask is not None and not 0 <= int(mask) < rows:
-        raise ValueError(f"train.dflash_mask_token_id={mask} is not a row of the verifier's embedding (0..{rows - 1})")
+        raise ValueError(
+            f"train.dflash_mask_token_id={mask} is not a row of the verifier's embedding (0..{rows - 1})"
+        )
     heads = int(config.num_attention_heads)
     return DFlashConfig(
         hidden_size=int(config.hidden_size),
@@ -298,7 +308,10 @@ def build_dflash_training(
     check_synthetic_source(data_meta, verifier.name, tokenizer_hash(verifier.tokenizer), train.data)
     config = draft_config(verifier.model, train)
     vocab, coverage = draft_vocab_for(
-        data, train_option(train, "dflash_draft_vocab_size", None), vocab_size, "train.dflash_draft_vocab_size"
+        data,
+        train_option(train, "dflash_draft_vocab_size", None),
+        vocab_size,
+        "train.dflash_draft_vocab_size",
     )
     draft = DFlashDraftModel(config).float()
     init_layer = train_option(train, "init_layer", "random")

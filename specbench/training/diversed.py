@@ -82,9 +82,13 @@ class DiversedSettings:
         if self.pool not in EnsembleRule.POOLS:
             raise ValueError(f"method.pool: unknown pool {self.pool!r}; allowed: {list(EnsembleRule.POOLS)}")
         if self.regularizer not in REGULARIZERS:
-            raise ValueError(f"train.regularizer: unknown {self.regularizer!r}; allowed: {list(REGULARIZERS)}")
+            raise ValueError(
+                f"train.regularizer: unknown {self.regularizer!r}; allowed: {list(REGULARIZERS)}"
+            )
         if self.rollout_temperature < 0:
-            raise ValueError(f"train.rollout_temperature must be >= 0 (0 = greedy), got {self.rollout_temperature}")
+            raise ValueError(
+                f"train.rollout_temperature must be >= 0 (0 = greedy), got {self.rollout_temperature}"
+            )
         if self.rollouts_per_prompt < 1:
             raise ValueError(f"train.rollouts_per_prompt must be >= 1, got {self.rollouts_per_prompt}")
         if not 0.0 <= self.baseline_ema < 1.0:
@@ -223,7 +227,9 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
 
-    def compute_loss(self, items: Sequence[dict], generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    def compute_loss(
+        self, items: Sequence[dict], generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, dict]:
         """Rollouts of ``items`` (each repeated ``rollouts_per_prompt`` times), rewards, loss and logs.
 
         Updates the EMA baseline after computing the advantages with the previous one.
@@ -243,9 +249,18 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         else:
             pg_loss, advantages = reinforce_loss(result.log_probs, result.mask, reward_tensor, baseline)
         pg_loss = s.reward_weight * pg_loss
-        reg_loss = regularizer_loss(
-            s.regularizer, s.regularizer_weight, result.agreement, result.weights, result.mask, s.target_weight
-        ) if s.reward != "per_token_gate" else torch.zeros((), device=pg_loss.device)  # λ sets the gate instead
+        reg_loss = (
+            regularizer_loss(
+                s.regularizer,
+                s.regularizer_weight,
+                result.agreement,
+                result.weights,
+                result.mask,
+                s.target_weight,
+            )
+            if s.reward != "per_token_gate"
+            else torch.zeros((), device=pg_loss.device)
+        )  # λ sets the gate instead
         self.baseline = update_baseline(self.baseline, rewards, s.baseline_ema)
         mask = result.mask
         logs = {
@@ -275,7 +290,9 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         optimizer.zero_grad()
         self.manual_backward(loss)
         if self.settings.grad_clip > 0:
-            self.clip_gradients(optimizer, gradient_clip_val=self.settings.grad_clip, gradient_clip_algorithm="norm")
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.settings.grad_clip, gradient_clip_algorithm="norm"
+            )
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
@@ -345,7 +362,9 @@ def build_diversed_training(
     validation (reward and acceptance of speculative decoding with the current head).
     """
     if drafter is None:
-        raise ValueError("method=diversed trains a head over a verifier/drafter pair: model.drafter is 'none'")
+        raise ValueError(
+            "method=diversed trains a head over a verifier/drafter pair: model.drafter is 'none'"
+        )
     settings = DiversedSettings.from_config(cfg)
     reward = reward_spec(cfg) if settings.reward == "task" else None
     if settings.rollout_temperature == 0:

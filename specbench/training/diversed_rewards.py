@@ -26,7 +26,9 @@ class RewardSpec:
         rewards = [0.0] * len(texts)
         groups: dict[str, list[int]] = {}
         for i, item in enumerate(items):
-            metric = SPEC_BENCH_SCORED.get(item.get("category")) if self.metric == "spec_bench" else self.metric
+            metric = (
+                SPEC_BENCH_SCORED.get(item.get("category")) if self.metric == "spec_bench" else self.metric
+            )
             if metric is None or (metric != "pass@1" and item.get("reference") is None):
                 continue  # nothing to score against: reward 0
             groups.setdefault(metric, []).append(i)

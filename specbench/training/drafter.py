@@ -85,7 +85,11 @@ def steering_sources(
     elif mode == "blocked":
         first = (prompt_len - 1).unsqueeze(1)  # the first position that predicts a response token
         rel = positions - first
-        start = torch.where(rel < max_offset - phase, 0, torch.div(rel + phase, max_offset, rounding_mode="floor") * max_offset - phase)
+        start = torch.where(
+            rel < max_offset - phase,
+            0,
+            torch.div(rel + phase, max_offset, rounding_mode="floor") * max_offset - phase,
+        )
         sources = first + start - 1
         sources = torch.where(rel >= 0, sources, torch.full_like(sources, -1))
     else:
@@ -156,7 +160,12 @@ class DrafterTraining(VerifierTraining):
         ids, attention, predicting = batch["input_ids"], batch["attention_mask"], batch["predict"]
         if self.steering is not None:
             sources = steering_sources(
-                self.train_cfg.offset, offset, batch["prompt_len"], ids.shape[1], self.train_cfg.max_offset, phase
+                self.train_cfg.offset,
+                offset,
+                batch["prompt_len"],
+                ids.shape[1],
+                self.train_cfg.max_offset,
+                phase,
             )
             steered = predicting & (sources >= 0)
             features = batch["features"]
@@ -236,7 +245,12 @@ def build_drafter_training(
     if method == "sd2":
         d_layers = steering_cfg.d_layers if steering_cfg.d_layers == "all" else list(steering_cfg.d_layers)
         spec = resolve_spec(
-            verifier.model, model, list(steering_cfg.v_layers), steering_cfg.guide_method, d_layers, steering_cfg.rank
+            verifier.model,
+            model,
+            list(steering_cfg.v_layers),
+            steering_cfg.guide_method,
+            d_layers,
+            steering_cfg.rank,
         )
         steering = SteeredDrafter(model, spec)
     cache_dir = getattr(train, "feature_cache", None)
@@ -244,7 +258,10 @@ def build_drafter_training(
     vocab_info = {}
     if draft_vocab is not None:
         counts = count_response_tokens(zip(data["train"]["input_ids"], data["train"]["loss_mask"]))
-        vocab_info = {**vocab_metadata(draft_vocab), "draft_vocab_coverage": round(draft_vocab.coverage(counts), 6)}
+        vocab_info = {
+            **vocab_metadata(draft_vocab),
+            "draft_vocab_coverage": round(draft_vocab.coverage(counts), 6),
+        }
     metadata = {
         "method": method,
         **pair_metadata(verifier, drafter, vocab_size),
@@ -261,7 +278,10 @@ def build_drafter_training(
         "feature_top_k": targets.top_k,
         "feature_cache": str(Path(cache_dir).expanduser()) if cache_dir else None,
     }
-    val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(min(train.val_prompts, len(data["validation"]))))]
+    val_prompts = [
+        row["input_ids"][: row["prompt_len"]]
+        for row in data["validation"].select(range(min(train.val_prompts, len(data["validation"]))))
+    ]
     module = DrafterTraining(
         verifier.model, model, steering, train, vocab_size, metadata, val_prompts, eos_ids, pad_id, targets
     )

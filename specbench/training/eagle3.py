@@ -184,7 +184,9 @@ class Eagle3Training(VerifierTraining):
         batch = self._with_features(batch)
         chains = None
         if self.chain_fraction < 1.0:  # seeded by step, so a resumed run samples the same chains
-            chains = ttt_chains(batch["predict"].bool(), self.steps, self.chain_fraction, self.step_generator())
+            chains = ttt_chains(
+                batch["predict"].bool(), self.steps, self.chain_fraction, self.step_generator()
+            )
         out = ttt_loss(self.head, batch, self.steps, self.decay, chains)
         size = batch["input_ids"].shape[0]
         self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
@@ -276,7 +278,9 @@ def build_eagle3_training(
     data, data_meta = load_synthetic(str(train.data))
     check_synthetic_source(data_meta, verifier.name, tokenizer_hash(verifier.tokenizer), train.data)
     vocab, coverage = draft_vocab_for(data, train_option(train, "draft_vocab_size", None), vocab_size)
-    taps = resolve_taps(train_option(train, "taps", None), int(verifier.model.config.num_hidden_layers), "train.taps")
+    taps = resolve_taps(
+        train_option(train, "taps", None), int(verifier.model.config.num_hidden_layers), "train.taps"
+    )
     head = Eagle3Head.for_verifier(verifier.model, vocab, taps).float()
     init_layer = train_option(train, "init_layer", "random")
     if init_layer not in EAGLE3_INIT_LAYERS:

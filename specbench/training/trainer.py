@@ -121,7 +121,9 @@ class VerifierTraining(TrainedOnlyCheckpoint, L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.train_cfg.lr_start, weight_decay=self.train_cfg.weight_decay)
+        optimizer = torch.optim.AdamW(
+            params, lr=self.train_cfg.lr_start, weight_decay=self.train_cfg.weight_decay
+        )
         return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
 
 
@@ -134,7 +136,11 @@ class LastMetrics(Callback):
 
     def _keep(self, trainer: L.Trainer) -> None:
         self.last.update(
-            {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+            {
+                k: float(v)
+                for k, v in trainer.callback_metrics.items()
+                if torch.is_tensor(v) and v.numel() == 1
+            }
         )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -261,7 +267,9 @@ def build_trainer(
     if tracker.enabled:
         from specbench.training.mlflow_logger import DeferringMLFlowLogger
 
-        loggers.append(DeferringMLFlowLogger(tracking_uri=tracker.tracking_uri, run_id=tracker.run_id, log_model=False))
+        loggers.append(
+            DeferringMLFlowLogger(tracking_uri=tracker.tracking_uri, run_id=tracker.run_id, log_model=False)
+        )
     trainer = L.Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=train.devices,

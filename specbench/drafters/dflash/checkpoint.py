@@ -155,7 +155,9 @@ def read_trained(path: str | Path) -> tuple[DFlashConfig, dict[str, torch.Tensor
     return DFlashConfig.from_dict(metadata["dflash_config"]), weights, metadata
 
 
-def load_trained_dflash(path: str | Path, verifier: Any, vocab_size: int) -> tuple[DFlashDraftModel, DraftVocab | None]:
+def load_trained_dflash(
+    path: str | Path, verifier: Any, vocab_size: int
+) -> tuple[DFlashDraftModel, DraftVocab | None]:
     """The draft network ``task=train method=dflash`` saved and its draft vocabulary (None: the full one),
     checked against ``verifier`` (a LoadedModel: the same name, weights and tokenizer it was trained on, as
     for EAGLE-3 heads)."""

@@ -64,7 +64,9 @@ class DFlashDrafter(Drafter):
             )
         head = verifier.get_output_embeddings().weight
         # The LM head rows the draft reads: the draft vocabulary's (q is 0 outside it), else the shared vocabulary.
-        self._rows = [head[: self.vocab_size] if self.draft_vocab is None else head[self.draft_vocab.draft_ids]]
+        self._rows = [
+            head[: self.vocab_size] if self.draft_vocab is None else head[self.draft_vocab.draft_ids]
+        ]
         self.block_size = int(block_size or model.config.block_size)
         if self.block_size < 2:
             raise ValueError(
