@@ -61,8 +61,9 @@ _NOT_TAKEN = object()
 def benchmark_parser(doc: str | None, **defaults: Any) -> argparse.ArgumentParser:
     """The parser every benchmark script starts from: its docstring as the description, the result-record
     options (``--no-record``, ``--results-dir``, ``--headline``) and each :data:`COMMON_FLAGS` flag named in
-    ``defaults`` (``per_task=3`` adds ``--per-task`` with default 3; ``dict(default=..., required=True, help=...)``
-    overrides more than the default). The script adds its own flags to the returned parser."""
+    ``defaults`` (``per_task=3`` adds ``--per-task`` with default 3; a dict such as
+    ``dict(default=..., required=True, help=...)`` overrides more than the default). The script adds its own
+    flags to the returned parser."""
     unknown = set(defaults) - set(COMMON_FLAGS)
     if unknown:
         raise ValueError(
@@ -154,8 +155,8 @@ def switched_runner(name: str, engine: SpeculativeEngine, switch: Callable[[], N
 def verify_ms_in_turn(
     setups: dict[str, tuple[torch.nn.Module, Callable[[], None], int]], vocab: int, max_n: int, rounds: int
 ) -> dict[str, list[float]]:
-    """Per setup (name -> (model, switch, cached tokens)), the median over ``rounds`` of the verifier forward's
-    ms for n = 1..max_n new tokens; the setups take turns in every round, each switched on first."""
+    """Per setup (name -> (model, switch, cached tokens)), the median over ``rounds`` of the verifier
+    forward's ms for n = 1..max_n new tokens; the setups take turns in every round, each switched on first."""
     from specbench.decoding.cost import measure_verify_ms
 
     timings: dict[str, list[list[float]]] = {name: [] for name in setups}
@@ -171,7 +172,8 @@ def verify_ms_in_turn(
 def hf_runner(
     name: str, model, max_new_tokens: int, eos: Sequence[int], pad: int, **generate_kwargs
 ) -> Runner:
-    """HF ``generate`` (greedy) with a forward counter on the verifier, e.g. ``prompt_lookup_num_tokens=10``."""
+    """HF ``generate`` (greedy) with a forward counter on the verifier, e.g.
+    ``prompt_lookup_num_tokens=10``."""
     import torch
 
     calls = {"n": 0}
@@ -235,7 +237,8 @@ def run_all(
                 "answer_id": uuid.uuid4().hex, "model_id": runner.name, "tstamp": time.time(),
                 "output_ids": decoded.output_ids,
                 "choices": [{
-                    "index": 0, "turns": [tokenizer.decode(decoded.output_ids, skip_special_tokens=True).strip()],
+                    "index": 0,
+                    "turns": [tokenizer.decode(decoded.output_ids, skip_special_tokens=True).strip()],
                     "decoding_steps": [decoded.steps], "new_tokens": [len(decoded.output_ids)],
                     "wall_time": [decoded.wall_time], "accept_lengths": decoded.accept_lengths,
                     "drafted": decoded.drafted, "accepted": decoded.accepted,
@@ -335,8 +338,8 @@ def record_speed_run(
     """The result record of a side-by-side speed run (:func:`speed_rows`) on held-out Spec-Bench questions."""
     greedy = float(report.get("temperature", 0.0) or 0.0) == 0.0
     record_run(args, name, speed_rows(answers, "autoregressive", greedy), "spec_bench heldout (first turn)",
-               len(questions), device=str(report.get("device", "cpu")), dtype=str(report.get("dtype", "float32")),
-               threads=report.get("threads"))  # fmt: skip
+               len(questions), device=str(report.get("device", "cpu")),
+               dtype=str(report.get("dtype", "float32")), threads=report.get("threads"))  # fmt: skip
 
 
 def _ratio_of_means(pairs: Sequence[tuple[float, float]]) -> float:

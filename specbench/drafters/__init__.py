@@ -1,5 +1,6 @@
-"""Drafters: what proposes the tokens the verifier checks, each a :class:`~specbench.decoding.protocol.Drafter`
-(re-exported for drafter authors by ``base.py``) named by a ``model/drafter`` yaml.
+"""Drafters: what proposes the tokens the verifier checks, each a
+:class:`~specbench.decoding.protocol.Drafter` (re-exported for drafter authors by ``base.py``) named by a
+``model/drafter`` yaml.
 
 Model-free: ``prompt_lookup.py``, ``ngram.py``, ``suffix.py`` (its tree in ``suffix_tree.py``, seeded from
 ``task=synth`` responses by ``suffix_seed.py``), ``fallback.py`` (one drafter, else another) over

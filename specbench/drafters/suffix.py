@@ -21,7 +21,8 @@ Two interchangeable tree backends give the same drafts:
   local build, see docs/drafters-model-free.md);
 - ``python``: :class:`~specbench.drafters.suffix_tree.PySuffixTree`, written for specbench. It reproduces
   ArcticInference's counts, float32 scoring and its order among children of equal count (which decides
-  ties between candidates), so both backends propose the same tokens; a test checks this against the C++ tree wherever it is installed.
+  ties between candidates), so both backends propose the same tokens; a test checks this against the C++
+  tree wherever it is installed.
 
 ``backend="auto"`` takes ``arctic`` when it can be imported, else ``python``.
 """

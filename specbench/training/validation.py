@@ -21,7 +21,8 @@ def greedy_tau(
     pad_token_id: int,
     max_new_tokens: int = VAL_MAX_NEW_TOKENS,
 ) -> float:
-    """Decode each prompt alone (batch 1) with the exact rule at T = 0 and constant γ; mean tokens per round."""
+    """Decode each prompt alone (batch 1) with the exact rule at T = 0 and constant γ: the mean tokens per
+    round."""
     from specbench.decoding.engine import GenerationSettings, SpeculativeEngine
     from specbench.decoding.schedules import DraftSchedule
 

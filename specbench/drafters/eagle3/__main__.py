@@ -1,4 +1,5 @@
-"""``python -m specbench.drafters.eagle3 export|compact ...`` (:func:`specbench.drafters.eagle3.format.main`)."""
+"""``python -m specbench.drafters.eagle3 export|compact ...``
+(:func:`specbench.drafters.eagle3.format.main`)."""
 
 import sys
 

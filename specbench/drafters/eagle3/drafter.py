@@ -1,6 +1,6 @@
 """EAGLE-3 as a :class:`~specbench.decoding.protocol.Drafter`: an
-:class:`~specbench.drafters.eagle3.head.Eagle3Head` with its own KV cache, fed the verifier features the engine
-hands over.
+:class:`~specbench.drafters.eagle3.head.Eagle3Head` with its own KV cache, fed the verifier features the
+engine hands over.
 
 Decoding pairs the verifier feature at position ``t`` with the embedding of token ``t + 1``: after the
 prefill over the prompt minus its last token the head has entries for positions ``0 .. n − 2`` and its

@@ -9,8 +9,9 @@ a Qwen3 layer) — and ``model.safetensors`` (or ``pytorch_model.bin``) with ``f
 ``midlayer.mlp.{gate,up,down}_proj.weight``, ``midlayer.{input_layernorm,hidden_norm,
 post_attention_layernorm}.weight``, ``norm.weight``, ``lm_head.weight`` (draft vocab × H), ``d2t``
 (int64 offsets) and ``t2d`` (bool over the verifier vocabulary); ``embed_tokens.weight`` is optional
-(absent: the verifier's embedding is shared, as vLLM does). :class:`~specbench.drafters.eagle3.head.Eagle3Head`
-uses these names, so the mapping is 1:1 (``layers.0.`` is read as ``midlayer.``).
+(absent: the verifier's embedding is shared, as vLLM does).
+:class:`~specbench.drafters.eagle3.head.Eagle3Head` uses these names, so the mapping is 1:1 (``layers.0.`` is
+read as ``midlayer.``).
 
 Taps: a checkpoint may name its verifier layers in ``eagle_config.eagle_aux_hidden_state_layer_ids``.
 vLLM reads those as layer *inputs* (our taps); SGLang adds 1 (layer outputs). Exports therefore omit the
@@ -294,7 +295,8 @@ def load_eagle3_drafter(
         head, metadata = load_trained_eagle3(path, verifier, vocab_size)
         if taps is not None and tuple(taps) != tuple(metadata["taps"]):
             raise ValueError(
-                f"model.drafter.params.taps={list(taps)} but {str(path)!r} was trained on taps {metadata['taps']}"
+                f"model.drafter.params.taps={list(taps)} but {str(path)!r} was trained on taps "
+                f"{metadata['taps']}"
             )
     else:
         head = load_eagle3_pretrained(source, verifier, vocab_size, taps)
@@ -317,8 +319,8 @@ def eagle3_drafter(
     ``tree_width`` (``model.drafter.params.tree_width``) > 1 drafts trees, verified by ``method=sd``."""
     if not path:
         raise ValueError(
-            "model.drafter.params.path is null: pass the trained.pt of `task=train method=eagle3`, an EAGLE / "
-            "SpecForge checkpoint directory or a hub id (e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B)"
+            "model.drafter.params.path is null: pass the trained.pt of `task=train method=eagle3`, an "
+            "EAGLE / SpecForge checkpoint directory or a hub id (e.g. yuhuili/EAGLE3-LLaMA3.1-Instruct-8B)"
         )
     return load_eagle3_drafter(resolve_head_path(path), verifier, vocab_size, taps, tree_width=tree_width)
 
