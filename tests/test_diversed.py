@@ -167,7 +167,8 @@ def test_zero_weight_head_reproduces_sd_greedy_and_sampled(kind, schedule, pool)
     ).generate(PROMPTS)  # fmt: skip
     assert [r.output_ids for r in greedy] == [r.output_ids for r in autoregressive]
     assert [r.output_ids for r in greedy] == [r.output_ids for r in reference]
-    # Sampling: identical acceptance probabilities and residuals, so the same random stream gives the same run.
+    # Sampling: identical acceptance probabilities and residuals, so the same random stream gives the same
+    # run.
     sampled = engine(DiversedRule(head, pool), kind, sched, temperature=1.0, seed=11).generate(PROMPTS)
     sd = engine(VerificationRule(), kind, sched, temperature=1.0, seed=11).generate(PROMPTS)
     assert [r.output_ids for r in sampled] == [r.output_ids for r in sd]

@@ -125,7 +125,8 @@ def test_a_drafter_without_hidden_states_is_refused():
         )
 
 
-# --- training the head over an EAGLE-3 drafter ---------------------------------------------------------------
+# --- training the head over an EAGLE-3 drafter
+# ---------------------------------------------------------------
 
 
 def _train_config(tmp_path, *drafter):
@@ -250,7 +251,8 @@ def test_the_expected_log_likelihood_is_the_pools_expectation_with_its_gradient(
 def test_the_expected_likelihood_objective_moves_the_weight_as_its_trade_off_says(
     tmp_path, strength, direction
 ):
-    # Drafting from q costs verifier likelihood (Σ (p − q) log p > 0 here) and buys acceptance (λ·TV): with λ = 0
+    # Drafting from q costs verifier likelihood (Σ (p − q) log p > 0 here) and buys acceptance (λ·TV): with λ
+    # = 0
     # the head lowers w, with a large λ it raises it.
     from omegaconf import OmegaConf
 

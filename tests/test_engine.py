@@ -453,7 +453,8 @@ def test_lossy_rules_run_end_to_end(rule, temperature):
 
 
 def teacher_forced_logp(arch: str, prompt: list[int], output: list[int]) -> float:
-    """Oracle: the verifier's mean log-likelihood per output token, from one plain forward over prompt + output."""
+    """Oracle: the verifier's mean log-likelihood per output token, from one plain forward over prompt +
+    output."""
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
         logits = verifier(arch)(ids).logits[0, len(prompt) - 1 : -1].float()
@@ -464,7 +465,8 @@ def teacher_forced_logp(arch: str, prompt: list[int], output: list[int]) -> floa
                          ids=["auto", "sd", "static-0.7", "lossy-0.3"])  # fmt: skip
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_recorded_verifier_log_likelihood_is_the_teacher_forced_one(rule, temperature):
-    # Every emitted token (accepted drafts, corrections, bonus tokens, a truncated last round) is counted once,
+    # Every emitted token (accepted drafts, corrections, bonus tokens, a truncated last round) is counted
+    # once,
     # under the untempered verifier distribution, whatever the rule and batch padding.
     engine = make_engine("llama", "perturbed" if rule else None, rule, make_schedule("constant", 3),
                          temperature=temperature, seed=2, max_new_tokens=15)  # fmt: skip

@@ -112,7 +112,8 @@ class TablePair:
         return torch.tensor(np.stack(p_rows, 1)), torch.tensor(np.stack(q_rows, 1))
 
     def sample_drafts(self, n: int, g: torch.Generator, verifier_argmax: float = 0.0) -> torch.Tensor:
-        """Drafts from q; with ``verifier_argmax`` > 0 that share of them is p's argmax instead (greedy tests)."""
+        """Drafts from q; with ``verifier_argmax`` > 0 that share of them is p's argmax instead (greedy
+        tests)."""
         codes = torch.zeros(n, dtype=torch.long)
         out = []
         for i in range(self.gamma):

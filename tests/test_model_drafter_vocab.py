@@ -309,7 +309,8 @@ def test_the_chi_square_test_rejects_a_q_that_is_not_zero_outside_the_draft_voca
     assert chi2_pvalue(np.bincount(outs[:, 0], minlength=p1.shape[0]), p1) < 1e-6
 
 
-# -- sources: task=synth data, a saved EAGLE-3 vocabulary; the loader, the engines and task=profile -------------
+# -- sources: task=synth data, a saved EAGLE-3 vocabulary; the loader, the engines and task=profile
+# -------------
 
 
 def tiny_loaded(num_layers=2):

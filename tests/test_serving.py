@@ -266,7 +266,8 @@ def test_server_url_gets_the_v1_prefix_once():
     assert ServerSettings(backend="vllm", server_url="http://h:8000/v1/").base_url == "http://h:8000/v1"
 
 
-# --- drafters as vLLM proposers ------------------------------------------------------------------------------
+# --- drafters as vLLM proposers
+# ------------------------------------------------------------------------------
 
 
 def vllm_config(k: int = 4, max_model_len: int = 512, **spec) -> SimpleNamespace:

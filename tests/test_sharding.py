@@ -88,7 +88,8 @@ def _early_eos(unsharded) -> int:
     return outputs[0][3]
 
 
-# --- Placement: plain-data checks ----------------------------------------------------------------------------
+# --- Placement: plain-data checks
+# ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -168,7 +169,8 @@ def test_world_reads_torchrun_then_slurm(monkeypatch):
     assert world() == (0, 0, 2)
 
 
-# --- device_map: accelerate's hooks on the decoding path -----------------------------------------------------
+# --- device_map: accelerate's hooks on the decoding path
+# -----------------------------------------------------
 
 
 def test_device_map_with_disk_offload_decodes_like_the_unsharded_model(checkpoints, unsharded, tmp_path):
@@ -226,7 +228,8 @@ def test_drafter_device_map_and_a_lookup_drafter(checkpoints, unsharded, tmp_pat
     assert _decode(verifier, lookup)[0] == expected
 
 
-# --- tensor parallel: 2 CPU processes, gloo -------------------------------------------------------------------
+# --- tensor parallel: 2 CPU processes, gloo
+# -------------------------------------------------------------------
 
 
 def _free_port() -> int:
@@ -278,7 +281,8 @@ def test_tensor_parallel_over_two_cpu_processes_decodes_like_the_unsharded_model
     assert ranks[0]["sampled"] == ranks[1]["sampled"]  # every rank draws the same tokens
 
 
-# --- presets ----------------------------------------------------------------------------------------------------
+# --- presets
+# ----------------------------------------------------------------------------------------------------
 
 PRESETS_70B = {
     "llama3-70b-sd": "meta-llama/Llama-3.2-1B-Instruct",

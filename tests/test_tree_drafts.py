@@ -85,7 +85,8 @@ def test_reordered_path_leaves_a_cache_equal_to_the_chains(verifier):
 def test_greedy_walk_follows_the_argmax_through_chain_and_leaves():
     vocab = 6
     p = torch.zeros(1, 5, vocab)
-    # argmax per column: root -> 3, column 1 (token 2) -> 4, column 2 (token 3) -> 5, column 3 -> 1, column 4 -> 0
+    # argmax per column: root -> 3, column 1 (token 2) -> 4, column 2 (token 3) -> 5, column 3 -> 1, column 4
+    # -> 0
     for column, best in enumerate([3, 4, 5, 1, 0]):
         p[0, column, best] = 1.0
     tokens = torch.tensor([[2, 3, 5, 1]])

@@ -60,7 +60,8 @@ _USER_ROLES = ("user", "human")
 
 
 def _first_user_turn(turns: list[dict[str, Any]], name: str, where: str) -> str:
-    """The first user message of a chat: ShareGPT ``{"from": "human", "value"}`` or ``{"role": "user", "content"}``."""
+    """The first user message of a chat: ShareGPT ``{"from": "human", "value"}`` or ``{"role": "user",
+    "content"}``."""
     for turn in turns:
         role = turn.get("from", turn.get("role"))
         text = turn.get("value", turn.get("content"))

@@ -104,7 +104,8 @@ class CachedModel:
         )
 
     def _tree_inputs(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Position ids and the 4D attention mask of a tree forward (transformers passes 4D masks as they are)."""
+        """Position ids and the 4D attention mask of a tree forward (transformers passes 4D masks as they
+        are)."""
         ancestors, depth = tree_structure(parents)
         batch, width = depth.shape
         cached = self.valid.unsqueeze(1).expand(batch, width, -1)

@@ -84,7 +84,8 @@ class CostAwareSchedule:
         return torch.full_like(gammas, best if self._caps_before_drafting else self.max_gamma)
 
     def bind(self, drafter) -> None:
-        """Lookup drafters (``trimmed_by_schedule``) propose freely and are trimmed; model drafters are capped."""
+        """Lookup drafters (``trimmed_by_schedule``) propose freely and are trimmed; model drafters are
+        capped."""
         self._caps_before_drafting = not getattr(drafter, "trimmed_by_schedule", False)
 
     def trim(self, proposal: Proposal) -> Proposal:

@@ -96,7 +96,8 @@ class FlyRule(VerificationRule):
         in_draft = positions < lens
         native = native & in_draft
         window = self.windows(draft_lens).to(native.device).unsqueeze(1)
-        # before[:, j] = number of natively accepted drafts among the first j; padded so i + 1 + W is in range.
+        # before[:, j] = number of natively accepted drafts among the first j; padded so i + 1 + W is in
+        # range.
         padded = torch.cat([native, torch.zeros(batch, gamma + 1, dtype=torch.bool, device=native.device)], 1)
         before = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=native.device),
                             padded.long().cumsum(1)], 1)

@@ -94,7 +94,8 @@ def summarize(
             [(r.drafted, r.emitted) for r in rounds]
         )
     if rounds and all(r.verifier_logp is not None for r in rounds) and new_tokens:
-        # Quality with resolution for lossy rules: lossless ones keep E[verifier_logp] of autoregressive sampling.
+        # Quality with resolution for lossy rules: lossless ones keep E[verifier_logp] of autoregressive
+        # sampling.
         metrics["verifier_logp"] = sum(r.verifier_logp for r in rounds) / new_tokens
     weights = [r.mean_draft_weight for r in rounds if r.mean_draft_weight is not None]
     if weights:

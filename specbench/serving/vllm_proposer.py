@@ -304,7 +304,8 @@ class SpecBenchPLDProposer(DrafterProposer):
 
 
 class NgramProposer(DrafterProposer):
-    """vLLM's n-gram rule (longest suffix match in [prompt_lookup_min, prompt_lookup_max]) as specbench has it."""
+    """vLLM's n-gram rule (longest suffix match in [prompt_lookup_min, prompt_lookup_max]) as specbench has
+    it."""
 
     def build_drafter(self, spec: Any, **kwargs: Any) -> Drafter:
         from specbench.drafters.ngram import NgramDrafter
@@ -317,7 +318,8 @@ class NgramProposer(DrafterProposer):
 
 
 class SuffixProposer(DrafterProposer):
-    """SuffixDecoding with vLLM's ``suffix_decoding_*`` settings; the global tree spans this process's requests."""
+    """SuffixDecoding with vLLM's ``suffix_decoding_*`` settings; the global tree spans this process's
+    requests."""
 
     def build_drafter(self, spec: Any, **kwargs: Any) -> Drafter:
         from specbench.drafters.suffix import SuffixDrafter

@@ -22,7 +22,8 @@ class RewardSpec:
     options: ScoringOptions
 
     def __call__(self, texts: Sequence[str], items: Sequence[dict]) -> list[float]:
-        """Per-sample rewards in [0, 1] of ``texts`` for the prompt ``items`` (see :func:`specbench.training.prompt_data.prompt_items`)."""
+        """Per-sample rewards in [0, 1] of ``texts`` for the prompt ``items`` (see
+        :func:`specbench.training.prompt_data.prompt_items`)."""
         rewards = [0.0] * len(texts)
         groups: dict[str, list[int]] = {}
         for i, item in enumerate(items):

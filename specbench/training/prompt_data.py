@@ -60,7 +60,8 @@ class PromptDataModule(L.LightningDataModule):
 def split_validation(
     prompts: Sequence[Prompt], count: int, seed: int = 0
 ) -> tuple[list[Prompt], list[Prompt]]:
-    """(training, validation): ``count`` prompts picked with ``seed`` (kept out of training); training keeps ≥ 1."""
+    """(training, validation): ``count`` prompts picked with ``seed`` (kept out of training); training keeps ≥
+    1."""
     prompts = list(prompts)
     count = max(0, min(count, len(prompts) - 1))
     if count == 0:

@@ -63,7 +63,8 @@ class DFlashDrafter(Drafter):
                 f"{self.vocab_size}; use the drafter with the verifier it was trained for"
             )
         head = verifier.get_output_embeddings().weight
-        # The LM head rows the draft reads: the draft vocabulary's (q is 0 outside it), else the shared vocabulary.
+        # The LM head rows the draft reads: the draft vocabulary's (q is 0 outside it), else the shared
+        # vocabulary.
         self._rows = [
             head[: self.vocab_size] if self.draft_vocab is None else head[self.draft_vocab.draft_ids]
         ]
