@@ -275,7 +275,8 @@ def print_table(rows: dict[str, dict]) -> None:
         rlo, rhi = row["rouge_l_ci"]
         name = f"{name} *" if "speed_scale" in row else name
         print(f"{name:<22} {w:>7} {acc:>7} {row['tau']:>5.2f} {row['tokens_per_s']:>6.1f} {row['speedup']:>5.2f}x "
-              f"{row['verifier_logp']:>8.3f} [{lo:>6.3f}, {hi:>6.3f}] {row['rouge_l']:>10.1f} [{rlo:>5.1f}, {rhi:>5.1f}]")  # fmt: skip
+              f"{row['verifier_logp']:>8.3f} [{lo:>6.3f}, {hi:>6.3f}] {row['rouge_l']:>10.1f} [{rlo:>5.1f}, "
+              f"{rhi:>5.1f}]")  # fmt: skip
     print("-" * len(header))
     if any("speed_scale" in row for row in rows.values()):
         print("* reused from --reuse: the same tokens; tok/s and vs AR are that run's")

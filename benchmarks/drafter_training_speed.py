@@ -199,7 +199,8 @@ def main(argv=None) -> int:
     print(f"\n{args.method}, {args.rows} rows of {args.data}, batch 4, {args.threads} thread(s), "
           f"steps {args.warmup + 1}..{args.steps} timed; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     print(
-        "| training | response tokens/s | s/step | vs on the fly | cache build | cache size | loss at the end |"
+        "| training | response tokens/s | s/step | vs on the fly | cache build | cache size | loss at the "
+        "end |"
     )
     print("|---|---|---|---|---|---|---|")
     for r in results:

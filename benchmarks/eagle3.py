@@ -76,7 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--fallback-schedules", default="constant",
         help="comma list of schedules for the --fallback chain rows: constant (γ cap 10) | cost_aware (chains "
-        "trimmed by match length and the round costs: the v(n) measured first as a prior, learned from the run's "
+        "trimmed by match length and the round costs: the v(n) measured first as a prior, learned from the "
+        "run's "
         "own rounds; max_gamma 10) | cost_aware_profile (the same, priced by the measured v(n) alone)",
     )  # fmt: skip
     parser.add_argument(
@@ -97,7 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--trees", default="",
         help="comma list of WIDTHxGAMMA: a row per entry for the (first) head drafting trees, a chain of GAMMA "
-        "drafts with its WIDTH - 1 next most likely tokens as leaves at each depth (docs/eagle3.md, tree drafts)",
+        "drafts with its WIDTH - 1 next most likely tokens as leaves at each depth (docs/eagle3.md, tree "
+        "drafts)",
     )  # fmt: skip
     parser.add_argument(
         "--suffix", action="store_true",
@@ -234,7 +236,8 @@ def fallback_setups(args, verifier, vocab: int, head: str) -> tuple[list[Setup],
 def print_costs(heads: list[str], profiles: dict, learning: dict, args) -> None:
     for path in heads:
         print(
-            f"head cost c = {profiles[path].c:.3f} (time per drafted token / one-token verifier forward): {path}"
+            f"head cost c = {profiles[path].c:.3f} (time per drafted token / one-token verifier forward): "
+            f"{path}"
         )
     gamma = max(dflash_gammas(args), default=0)
     for name, cost in ((n, p.c) for n, p in profiles.items() if n.startswith("dflash")):

@@ -250,7 +250,8 @@ def _print_report(report: dict) -> None:
     engine = report["engine"]
     print(
         f"\nours_sd / hf_assisted = {report['ours_sd_vs_hf_assisted']:.2f}x   "
-        f"ours_ar / hf_ar = {report['ours_ar_vs_hf_ar']:.2f}x   identical outputs: {report['identical_outputs']}"
+        f"ours_ar / hf_ar = {report['ours_ar_vs_hf_ar']:.2f}x   identical outputs: "
+        f"{report['identical_outputs']}"
         + (f" (mismatch: {report['mismatched']})" if report["mismatched"] else "")
     )
     print("engine: " + "  ".join(f"{k}={v:.3f}" for k, v in engine.items())

@@ -582,7 +582,8 @@ def main(argv=None) -> int:
 
     questions = pick_questions(args.per_task, args.limit)
     print(
-        f"{len(questions)} questions x {len(seeds)} seeds x {len(engines)} rows, T = 1, gamma = {args.gamma}, "
+        f"{len(questions)} questions x {len(seeds)} seeds x {len(engines)} rows, T = 1, gamma = "
+        f"{args.gamma}, "
         f"max_new_tokens = {args.max_new_tokens}",
         file=sys.stderr,
     )

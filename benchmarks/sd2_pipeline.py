@@ -267,7 +267,8 @@ def main(argv=None) -> None:
             args, "sd2_pipeline", rows, "spec_bench heldout", args.eval_prompts, device="cpu", dtype=args.eval_dtype,
             threads=1, doc="docs/training.md#result-on-the-embedded-pair",
             notes=f"experiment=cpu-sd2, {args.steps} training steps per drafter (float32), draft vocabulary "
-            f"{args.draft_vocab_size or 'full'}; evaluations in {args.eval_dtype}, each next to its own autoregressive "
+            f"{args.draft_vocab_size or 'full'}; evaluations in {args.eval_dtype}, each next to its own "
+            "autoregressive "
             "run; T = 1 rows: mean over seeds" + (f"; steps failed or not run: {not_run}" if not_run else ""),
         )  # fmt: skip
     else:
@@ -396,7 +397,8 @@ def report(
         sd2_speedup = summarise(results, "sd2", temperature, "speedup")
         if {"sd2", "distilled", "pretrained"} <= tau.keys():
             lines.append(
-                f"T={temperature:g}: tau(sd2)/tau(distilled) = {tau['sd2'] / tau['distilled']:.3f} (target >= 1.15); "
+                f"T={temperature:g}: tau(sd2)/tau(distilled) = {tau['sd2'] / tau['distilled']:.3f} (target "
+                ">= 1.15); "
                 f"tau(distilled) {tau['distilled']:.3f} > tau(pretrained) {tau['pretrained']:.3f}: "
                 f"{tau['distilled'] > tau['pretrained']}; sd2 speedup over autoregressive "
                 f"{statistics.fmean(sd2_speedup):.2f}x (target > 1)"

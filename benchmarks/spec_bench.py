@@ -117,7 +117,8 @@ def load_questions(
     path = Path(path) if path else question_file()
     if not path.is_file():
         raise FileNotFoundError(
-            f"question file {str(path)!r} does not exist; pass --questions (Spec-Bench's data/spec_bench/question.jsonl)"
+            f"question file {str(path)!r} does not exist; pass --questions (Spec-Bench's "
+            "data/spec_bench/question.jsonl)"
         )
     rows = [row for _, row in read_jsonl(path)]
     for row in rows:

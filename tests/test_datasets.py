@@ -470,6 +470,7 @@ def test_a_prompt_file_error_from_launch_is_one_line_with_exit_2(tmp_path):
     proc = launch([*TINY, "dataset=jsonl", f"dataset.path={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == (
-        f"Config error: dataset.path: '{tmp_path}' is a directory, not a prompt file; pass a .jsonl / .json file "
+        f"Config error: dataset.path: '{tmp_path}' is a directory, not a prompt file; pass a .jsonl / .json "
+        "file "
         "(optionally .gz), a .parquet file or a datasets save_to_disk directory"
     )

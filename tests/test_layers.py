@@ -361,7 +361,8 @@ def test_the_checks_catch_a_loop_and_an_upward_import():
     }
     assert cycles(loop) == [("specbench.data.a", "specbench.data.b", "specbench.data.c")]
     assert cycle_path(cycles(loop)[0], loop) == (
-        "specbench.data.a (line 1) -> specbench.data.b (line 2) -> specbench.data.c (line 3) -> specbench.data.a"
+        "specbench.data.a (line 1) -> specbench.data.b (line 2) -> specbench.data.c (line 3) -> "
+        "specbench.data.a"
     )
     assert upward_imports(loop) == [("specbench.models.d", "specbench.drafters.e", 5)]
 

@@ -75,7 +75,8 @@ def _check_values(s: DatasetSettings) -> None:
         )
     if s.num_fewshot is not None and not 0 <= s.num_fewshot <= spec.max_fewshot:
         raise ValueError(
-            f"dataset.num_fewshot must be in [0, {spec.max_fewshot}] for dataset={s.name}, got {s.num_fewshot}"
+            f"dataset.num_fewshot must be in [0, {spec.max_fewshot}] for dataset={s.name}, got "
+            f"{s.num_fewshot}"
         )
     if s.prompt_format == "fewshot" and not s.num_fewshot:
         raise ValueError("dataset.num_fewshot must be >= 1 with dataset.prompt_format=fewshot")

@@ -160,7 +160,8 @@ class CachedModel:
         for layer in layers:
             if getattr(layer, "is_sliding", False):
                 raise NotImplementedError(
-                    "sliding-window cache layers cannot be re-aligned; use a model without sliding-window attention"
+                    "sliding-window cache layers cannot be re-aligned; use a model without sliding-window "
+                    "attention"
                 )
         return layers
 

@@ -114,7 +114,8 @@ class DiversedRule(EnsembleRule):
     def target(self, p, q, weights=None):
         if weights is None:
             raise ValueError(
-                "DiversedRule needs per-position draft weights (from position_weights); the engine passes them"
+                "DiversedRule needs per-position draft weights (from position_weights); the engine passes "
+                "them"
             )
         return super().target(p, q, weights)
 
@@ -141,7 +142,8 @@ def hidden_size(model: LoadedModel | Drafter) -> int:
     if isinstance(model, Drafter):
         if model.hidden_size is None:
             raise ValueError(
-                f"DIVERSED reads the drafter's hidden states, which drafter {model.name!r} does not have; use a "
+                f"DIVERSED reads the drafter's hidden states, which drafter {model.name!r} does not have; "
+                "use a "
                 "model drafter or an EAGLE-3 head"
             )
         return int(model.hidden_size)
@@ -177,20 +179,24 @@ def check_head_metadata(
     """Raise :class:`CheckpointMismatchError` unless ``metadata`` was made for the pair of ``expected``."""
     if metadata.get("method") != METHOD:
         raise CheckpointMismatchError(
-            f"{source} is not a DIVERSED head (its metadata says method={metadata.get('method')!r}); pass the "
+            f"{source} is not a DIVERSED head (its metadata says method={metadata.get('method')!r}); pass "
+            "the "
             "trained.pt or last.ckpt that `task=train method=diversed` wrote"
         )
     if metadata.get(INPUT_FORMAT_KEY) != INPUT_FORMAT:
         raise CheckpointMismatchError(
-            f"{source} was trained on an older hidden-state input (format {metadata.get(INPUT_FORMAT_KEY)!r}; "
-            f"this specbench reads format {INPUT_FORMAT}: the LM head's input, normed once — heads written before "
+            f"{source} was trained on an older hidden-state input (format "
+            f"{metadata.get(INPUT_FORMAT_KEY)!r}; "
+            f"this specbench reads format {INPUT_FORMAT}: the LM head's input, normed once — heads written "
+            "before "
             "read the final norm applied twice); train the head again with `python launch.py task=train "
             "method=diversed`"
         )
     details = metadata_differences(metadata, expected, PAIR_KEYS)
     if details:
         raise CheckpointMismatchError(
-            f"{source} was trained for verifier {metadata.get('verifier')!r} + drafter {metadata.get('drafter')!r}, "
+            f"{source} was trained for verifier {metadata.get('verifier')!r} + drafter "
+            f"{metadata.get('drafter')!r}, "
             f"not for this pair, verifier {expected.get('verifier')!r} + drafter {expected.get('drafter')!r} "
             f"({details}); train a head for this pair with `python launch.py task=train "
             "method=diversed` and the same model/verifier and model/drafter, or pick the matching models"
@@ -237,8 +243,10 @@ def load_diversed_rule(
     head = WeightHead(metadata["drafter_hidden_size"], metadata["verifier_hidden_size"])
     if tuple(state["linear.weight"].shape) != tuple(head.linear.weight.shape):
         raise CheckpointMismatchError(
-            f"method.head_checkpoint {str(path)!r}: head weight of shape {tuple(state['linear.weight'].shape)}, "
-            f"expected {tuple(head.linear.weight.shape)} for hidden sizes {metadata['drafter_hidden_size']} + "
+            f"method.head_checkpoint {str(path)!r}: head weight of shape "
+            f"{tuple(state['linear.weight'].shape)}, "
+            f"expected {tuple(head.linear.weight.shape)} for hidden sizes {metadata['drafter_hidden_size']} "
+            "+ "
             f"{metadata['verifier_hidden_size']}"
         )
     head.load_state_dict({k: v.float() for k, v in state.items()})

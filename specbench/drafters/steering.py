@@ -128,7 +128,8 @@ def resolve_spec(
         bad = [i for i in d_layers if not 0 <= i < len(mlps)]
         if bad or not d_layers or len(set(d_layers)) != len(d_layers):
             raise ValueError(
-                f"steering.d_layers must be distinct drafter layer indices in [0, {len(mlps)}), got {list(d_layers)}"
+                f"steering.d_layers must be distinct drafter layer indices in [0, {len(mlps)}), got "
+                f"{list(d_layers)}"
             )
     if rank is not None and rank < 1:
         raise ValueError(f"steering.rank must be >= 1 or null, got {rank}")

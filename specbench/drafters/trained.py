@@ -181,8 +181,10 @@ def trained_draft_vocab(
     if configured is not None and configured != saved:
         raise CheckpointMismatchError(
             f"model.drafter.draft_vocab gives a draft vocabulary of {configured.size} tokens (fingerprint "
-            f"{configured.fingerprint()}), but {where} was trained over another one of {saved.size} (fingerprint "
-            f"{saved.fingerprint()}); drop model.drafter.draft_vocab / draft_vocab_size (the checkpoint's is used)"
+            f"{configured.fingerprint()}), but {where} was trained over another one of {saved.size} "
+            "(fingerprint "
+            f"{saved.fingerprint()}); drop model.drafter.draft_vocab / draft_vocab_size (the checkpoint's is "
+            "used)"
         )
     return saved
 

@@ -207,7 +207,8 @@ def draft_vocab_for(
     else:
         if not 1 <= int(draft_vocab_size) <= vocab_size:
             raise ValueError(
-                f"{key} must be in [1, {vocab_size}] (the verifier vocabulary) or null (the full vocabulary), "
+                f"{key} must be in [1, {vocab_size}] (the verifier vocabulary) or null (the full "
+                "vocabulary), "
                 f"got {draft_vocab_size}"
             )
         vocab = DraftVocab.from_counts(counts, int(draft_vocab_size), vocab_size)
@@ -232,7 +233,8 @@ def saved_draft_vocab(
     refused when it was built for another tokenizer or vocabulary size."""
     if "draft_vocab_ids" not in metadata:
         raise ValueError(
-            f"{where} holds no draft vocabulary (no draft_vocab_ids; method={metadata.get('method')!r}): pass "
+            f"{where} holds no draft vocabulary (no draft_vocab_ids; method={metadata.get('method')!r}): "
+            "pass "
             "the trained.pt of `task=train method=eagle3` or a task=synth output dir"
         )
     saved = {"tokenizer_hash": metadata.get("tokenizer_hash"), "vocab_size": metadata.get("vocab_size")}

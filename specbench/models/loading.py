@@ -81,7 +81,8 @@ def _build(
     if spec.kind == "tiny_random":
         if placement.sharded:
             raise ValueError(
-                f"model/{role}: device_map / tp_plan load a checkpoint; kind='tiny_random' has none (save it with "
+                f"model/{role}: device_map / tp_plan load a checkpoint; kind='tiny_random' has none (save it "
+                "with "
                 "save_pretrained and use kind=local)"
             )
         model = tiny_random_model(

@@ -261,7 +261,8 @@ def _resumed_rows(
             problem = "has another prompt than this run encodes"
         if problem:
             raise SynthDataError(
-                f"{rows_file}:{number}: the row of source_index {index} (response {response}) {problem}; pass "
+                f"{rows_file}:{number}: the row of source_index {index} (response {response}) {problem}; "
+                "pass "
                 "synth.resume=false to start over (the old rows are kept aside) or choose another "
                 "synth.output_dir"
             )

@@ -132,8 +132,10 @@ def render_results_page(records: list[tuple[Path, dict[str, Any]]], base: Path |
             backfilled = " (backfilled)" if record.get("backfilled") else ""
             notes = f" {record['notes']}" if record.get("notes") else ""
             parts.append(
-                f"{number}. [{record['date'][:10]}]({_link(path, base)}){backfilled} `{record['commit'][:7]}`, "
-                f"{_machine(record)}, {prompts['count']} prompts ({prompts['set']}):{notes} `{record['command']}`"
+                f"{number}. [{record['date'][:10]}]({_link(path, base)}){backfilled} "
+                f"`{record['commit'][:7]}`, "
+                f"{_machine(record)}, {prompts['count']} prompts ({prompts['set']}):{notes} "
+                f"`{record['command']}`"
             )
         parts.append("")
     if retired:

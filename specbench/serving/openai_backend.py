@@ -67,7 +67,8 @@ class ServerSettings:
             url = self.server_url or ""
             if not url.startswith(("http://", "https://")):
                 raise ValueError(
-                    f"synth.backend={self.backend} needs synth.server_url=http://HOST:PORT (the server's address), "
+                    f"synth.backend={self.backend} needs synth.server_url=http://HOST:PORT (the server's "
+                    "address), "
                     f"got {self.server_url!r}"
                 )
         if self.concurrency < 1:
@@ -140,13 +141,15 @@ class OpenAIBackend:
         if wanted is None:
             if len(listed) != 1:
                 raise SynthServerError(
-                    f"synth.server_url={self.server.server_url} serves {listed}: set synth.server_model to the one "
+                    f"synth.server_url={self.server.server_url} serves {listed}: set synth.server_model to "
+                    "the one "
                     "that is model.verifier"
                 )
             return listed[0]
         if wanted not in listed:
             raise SynthServerError(
-                f"synth.server_url={self.server.server_url} does not serve synth.server_model={wanted!r}; it serves "
+                f"synth.server_url={self.server.server_url} does not serve synth.server_model={wanted!r}; it "
+                "serves "
                 f"{listed}"
             )
         return wanted
@@ -157,7 +160,8 @@ class OpenAIBackend:
         if isinstance(err, (errors.APIConnectionError, errors.APITimeoutError)):
             return SynthServerError(
                 f"synth.server_url={url}: no answer while {doing} after {self.server.max_retries} retries "
-                f"({type(err).__name__}: {err}); start the server (e.g. `vllm serve MODEL --port PORT`), check "
+                f"({type(err).__name__}: {err}); start the server (e.g. `vllm serve MODEL --port PORT`), "
+                "check "
                 "the address, or raise synth.request_timeout_s"
             )
         if isinstance(err, errors.APIStatusError):
@@ -217,7 +221,8 @@ class OpenAIBackend:
         ids = self._server_ids(choice) if exact else self._retokenized_ids(choice, response)
         if len(ids) > budget:
             raise SynthServerError(
-                f"synth.server_url={self.server.server_url} returned {len(ids)} tokens for max_tokens={budget}"
+                f"synth.server_url={self.server.server_url} returned {len(ids)} tokens for "
+                f"max_tokens={budget}"
             )
         return ids
 
@@ -228,14 +233,16 @@ class OpenAIBackend:
         url = self.server.server_url
         if tokens is None:
             raise SynthServerError(
-                f"synth.server_url={url} returned no tokens for logprobs=1 with return_tokens_as_token_ids: it "
+                f"synth.server_url={url} returned no tokens for logprobs=1 with return_tokens_as_token_ids: "
+                "it "
                 "cannot give exact token ids; use vLLM, or synth.token_ids=retokenize for a text-only server"
             )
         ids = []
         for token in tokens:
             if not (isinstance(token, str) and token.startswith(TOKEN_ID_PREFIX)):
                 raise SynthServerError(
-                    f"synth.server_url={url} returned the token {token!r}, not '{TOKEN_ID_PREFIX}N': it ignores "
+                    f"synth.server_url={url} returned the token {token!r}, not '{TOKEN_ID_PREFIX}N': it "
+                    "ignores "
                     "return_tokens_as_token_ids; use vLLM, or synth.token_ids=retokenize"
                 )
             ids.append(int(token[len(TOKEN_ID_PREFIX):]))
@@ -254,8 +261,10 @@ class OpenAIBackend:
         generated = getattr(getattr(response, "usage", None), "completion_tokens", None)
         if generated != len(ids):
             raise SynthServerError(
-                f"synth.token_ids=retokenize: the text from synth.server_url={self.server.server_url} re-tokenizes "
-                f"to {len(ids)} tokens but the server generated {generated}: these would not be the ids it sampled; "
+                f"synth.token_ids=retokenize: the text from synth.server_url={self.server.server_url} "
+                "re-tokenizes "
+                f"to {len(ids)} tokens but the server generated {generated}: these would not be the ids it "
+                "sampled; "
                 "use a server that returns token ids (vLLM) with synth.token_ids=server"
             )
         return ids

@@ -118,7 +118,8 @@ def check_model_free(drafter: Drafter) -> None:
         raise TypeError(f"{type(drafter).__name__} is not a specbench Drafter")
     if not drafter.deterministic or drafter.needs.any:
         raise ValueError(
-            f"drafter {name!r} needs the verifier's hidden states or its own distribution; vLLM's custom_class "
+            f"drafter {name!r} needs the verifier's hidden states or its own distribution; vLLM's "
+            "custom_class "
             "hook passes token ids only: serve a model drafter with vLLM's draft_model / eagle3 methods"
         )
     if not isinstance(getattr(drafter, "histories", None), RowHistories):

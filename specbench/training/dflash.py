@@ -242,7 +242,8 @@ def draft_config(verifier: torch.nn.Module, train: Any) -> DFlashConfig:
     ids = tuple(int(i) for i in ids) if ids else default_target_layer_ids(depth, layers)
     if not ids or min(ids) < 0 or max(ids) >= depth - 1:
         raise ValueError(
-            f"train.dflash_taps={list(ids)}: give verifier layer ids in 0..{depth - 2} (z-lab's target_layer_ids: "
+            f"train.dflash_taps={list(ids)}: give verifier layer ids in 0..{depth - 2} (z-lab's "
+            "target_layer_ids: "
             f"the output of that layer); the last layer ({depth - 1}) is not supported for training"
         )
     block = int(train_option(train, "dflash_block_size", 16))
@@ -288,7 +289,8 @@ def init_from_verifier(draft: DFlashDraftModel, verifier: torch.nn.Module) -> No
         extra = [k for k in result.missing_keys if not k.endswith(("q_norm.weight", "k_norm.weight"))]
         if extra or result.unexpected_keys:
             raise ValueError(
-                f"train.init_layer=verifier_last: verifier layer {len(layers) - n + i} does not match a DFlash layer "
+                f"train.init_layer=verifier_last: verifier layer {len(layers) - n + i} does not match a "
+                "DFlash layer "
                 f"(missing {extra[:3]}, unexpected {result.unexpected_keys[:3]}); use train.init_layer=random"
             )
     draft.norm.weight.copy_(verifier.base_model.norm.weight)

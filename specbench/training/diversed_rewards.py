@@ -54,8 +54,10 @@ def reward_spec(cfg: Any) -> RewardSpec:
     metric, stops = data.scorer("plain")
     if metric not in REWARD_METRICS:
         raise ValueError(
-            f"dataset.metric: DIVERSED training needs a per-sample reward, but dataset {data.name!r} has metric "
-            f"{metric!r}; use a dataset with references (cnndm, xsum, wmt, gsm8k, humaneval, mbpp, spec_bench "
+            f"dataset.metric: DIVERSED training needs a per-sample reward, but dataset {data.name!r} has "
+            "metric "
+            f"{metric!r}; use a dataset with references (cnndm, xsum, wmt, gsm8k, humaneval, mbpp, "
+            "spec_bench "
             "translation/math_reasoning) or set dataset.metric"
         )
     return RewardSpec(metric, tuple(stops), ScoringOptions.from_config(cfg.scoring))

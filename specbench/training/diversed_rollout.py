@@ -141,8 +141,10 @@ def rollout(
         proposal = drafter.propose(state, caps, sampler, want_hidden=True)
         if proposal.q is None or not bool((proposal.lengths == 1).all()):
             raise ValueError(
-                f"drafter {drafter.name!r} gave no distribution for every row (DIVERSED rollouts need q and the "
-                "drafter's hidden state at every position; an EAGLE-3 head needs prompts of at least 2 tokens)"
+                f"drafter {drafter.name!r} gave no distribution for every row (DIVERSED rollouts need q and "
+                "the "
+                "drafter's hidden state at every position; an EAGLE-3 head needs prompts of at least 2 "
+                "tokens)"
             )
         last = state.last_tokens().unsqueeze(1)
         logits, view = _verifier_step(verifier, drafter, last, torch.ones_like(last, dtype=torch.bool))

@@ -92,7 +92,8 @@ def check_fits_verifier(
         )
     if config.vocab_size != rows:
         raise DFlashCheckpointError(
-            f"{source}: vocab_size {config.vocab_size} but the verifier's embedding has {rows} rows; the draft "
+            f"{source}: vocab_size {config.vocab_size} but the verifier's embedding has {rows} rows; the "
+            "draft "
             "reads its logits through the verifier's LM head, so it must come from the same model family"
         )
     if config.mask_token_id is not None and not 0 <= config.mask_token_id < rows:
@@ -148,7 +149,8 @@ def read_trained(path: str | Path) -> tuple[DFlashConfig, dict[str, torch.Tensor
     state, metadata = read_checkpoint(path)
     if metadata.get("method") != "dflash" or "dflash_config" not in metadata:
         raise DFlashCheckpointError(
-            f"{str(path)!r} is a method={metadata.get('method')!r} checkpoint, not a DFlash drafter (the trained.pt "
+            f"{str(path)!r} is a method={metadata.get('method')!r} checkpoint, not a DFlash drafter (the "
+            "trained.pt "
             "of task=train method=dflash); a z-lab layout directory loads as it is"
         )
     weights = {k.removeprefix(TRAINED_PREFIX): v for k, v in state.items() if k.startswith(TRAINED_PREFIX)}
@@ -168,7 +170,8 @@ def load_trained_dflash(
     shown = metadata_differences(metadata, verifier_identity(verifier, vocab_size), IDENTITY_KEYS)
     if shown:
         raise DFlashCheckpointError(
-            f"{str(path)!r} was trained for another verifier ({shown}); use the model/verifier it was trained "
+            f"{str(path)!r} was trained for another verifier ({shown}); use the model/verifier it was "
+            "trained "
             "with, or train one for this verifier (task=train method=dflash)"
         )
     check_fits_verifier(config, verifier.model, f"DFlash drafter {str(path)!r}")

@@ -59,7 +59,8 @@ class DFlashDrafter(Drafter):
         self.draft_vocab = draft_vocab if draft_vocab is not None and not draft_vocab.is_full else None
         if self.draft_vocab is not None and self.draft_vocab.vocab_size != self.vocab_size:
             raise ValueError(
-                f"the DFlash draft vocabulary maps into {self.draft_vocab.vocab_size} tokens, the pair shares "
+                f"the DFlash draft vocabulary maps into {self.draft_vocab.vocab_size} tokens, the pair "
+                "shares "
                 f"{self.vocab_size}; use the drafter with the verifier it was trained for"
             )
         head = verifier.get_output_embeddings().weight
@@ -192,7 +193,8 @@ def dflash_drafter(
     if not path:
         raise ValueError(
             "model.drafter.params.path is null: pass a DFlash checkpoint: the trained.pt of task=train "
-            "method=dflash, or a directory in the z-lab layout (config.json + model.safetensors), e.g. a download "
+            "method=dflash, or a directory in the z-lab layout (config.json + model.safetensors), e.g. a "
+            "download "
             "of z-lab/Qwen3-8B-DFlash-b16"
         )
     model = getattr(verifier, "model", verifier)
@@ -209,7 +211,8 @@ def dflash_drafter(
 
             if looks_like_file(str(path)):
                 raise FileNotFoundError(
-                    f"model.drafter.params.path={str(path)!r}: no such file or directory (a trained.pt of task=train "
+                    f"model.drafter.params.path={str(path)!r}: no such file or directory (a trained.pt of "
+                    "task=train "
                     "method=dflash, or a z-lab layout directory)"
                 )
 
