@@ -1,4 +1,5 @@
-"""DIVERSED against the static-ensemble curve, with a drafter that agrees often and a quality signal with resolution.
+"""DIVERSED against the static-ensemble curve, with a drafter that agrees often and a quality signal with
+resolution.
 
 The embedded SmolLM2-135M-Instruct verifier with the committed EAGLE-3 head as drafter, on held-out Spec-Bench
 questions (first turn; ``--per-task`` per Spec-Bench task), at T = 1 over ``--seeds``. Every method uses the
@@ -8,9 +9,10 @@ the per-token optimum of the heads' objective computed from p and q (``--gated``
 
 Quality (what the heads are judged on):
 
-- ``verifier_logp``: the verifier's own mean log-likelihood per output token (untempered; recorded by the engine
-  from the verification forwards, no extra pass). Lossless methods keep autoregressive sampling's value; a lossy
-  method moves it. It is also the reward of ``train.reward=verifier_logp`` (the heads of
+- ``verifier_logp``: the verifier's own mean log-likelihood per output token (untempered; recorded by the
+engine
+  from the verification forwards, no extra pass). Lossless methods keep autoregressive sampling's value; a
+  lossy method moves it. It is also the reward of ``train.reward=verifier_logp`` (the heads of
   ``experiment=cpu-diversed-eagle`` are trained on it), so a second, independent measure is reported:
 - ``rouge_l``: ROUGE-L F1 of the output against the verifier's greedy answer to the same question.
 
@@ -21,7 +23,8 @@ of the difference (paired bootstrap over questions) lies above 0. Methods run in
 rotating order), so a shared machine's drifts hit all alike. ``--json`` keeps per-question figures after each
 seed, so ``--resume`` continues with the next seed. ``--plot`` draws quality vs acceptance and vs tokens/s.
 
-    .venv/bin/python benchmarks/diversed_study.py --head lambda2=/work/data/diversed_eagle/lambda2/trained.pt \\
+    .venv/bin/python benchmarks/diversed_study.py --head lambda2=/work/data/diversed_eagle/lambda2/trained.pt
+    \\
         --seeds 0,1,2 --json outputs/diversed_study.json --plot docs/img/diversed_study.png
 """
 

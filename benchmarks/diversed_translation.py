@@ -1,4 +1,5 @@
-"""DIVERSED on the embedded pair: train the weight head on Spec-Bench translation, compare on the held-out part.
+"""DIVERSED on the embedded pair: train the weight head on Spec-Bench translation, compare on the held-out
+part.
 
 1. Train (unless ``--head PATH``): ``python launch.py task=train experiment=cpu-diversed-translation`` into
    ``--train-dir`` (a finished ``trained.pt`` there is reused; ``--retrain`` starts over).
@@ -152,8 +153,8 @@ class TranslationTask:
     batch_size: int
 
     def measure(self, rule) -> dict:
-        """One method (rule None: autoregressive) over every seed: acceptance, τ, tokens/s, corpus BLEU over all
-        seeds' outputs, BLEU per seed, mean sentence BLEU and the mean draft weight."""
+        """One method (rule None: autoregressive) over every seed: acceptance, τ, tokens/s, corpus BLEU over
+        all seeds' outputs, BLEU per seed, mean sentence BLEU and the mean draft weight."""
         from specbench.decoding import DraftSchedule, EnsembleRule, GenerationSettings
         from specbench.evaluation import build_engines, compare
         from specbench.scoring import score_samples

@@ -15,7 +15,8 @@ Tokens/s counts response tokens (positions that predict a generated token, i.e. 
 second of wall time from the end of step ``--warmup`` to the end of the last step (data loading, forward,
 backward and AdamW; no validation, no checkpoint in between).
 
-    python benchmarks/drafter_training_speed.py --data /work/data/synth_t1_p150 --rows 24 --steps 12 --threads 1
+    python benchmarks/drafter_training_speed.py --data /work/data/synth_t1_p150 --rows 24 --steps 12
+    --threads 1
 """
 
 from __future__ import annotations

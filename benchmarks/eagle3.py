@@ -1,13 +1,14 @@
-"""A trained EAGLE-3 head (and a DFlash drafter, the suffix drafter and the fallback) vs autoregressive decoding
-and the early-exit drafter, on held-out Spec-Bench questions.
+"""A trained EAGLE-3 head (and a DFlash drafter, the suffix drafter and the fallback) vs autoregressive
+decoding and the early-exit drafter, on held-out Spec-Bench questions.
 
 One process, interleaved (``harness.run_all``): for each held-out question (first turn, the embedded
 SmolLM2-135M-Instruct verifier) autoregressive decoding, the demo's early-exit drafter (first 4 layers,
 γ = 3) and the EAGLE-3 head at each ``--gammas`` value, all with the exact ``sd`` rule. Greedy by default:
 every speculative output must be token-identical to autoregressive decoding (exit 1 otherwise). With
 ``--temperature 1`` the rows sample (outputs then differ by design; τ and tokens/s are what count). The
-head's cost c (its time per drafted token over the verifier's one-token forward) is measured first. Speculative
-rows also record per-position acceptance (``acc_pos1..3``) and the share of decoding time spent drafting.
+head's cost c (its time per drafted token over the verifier's one-token forward) is measured first.
+Speculative rows also record per-position acceptance (``acc_pos1..3``) and the share of decoding time spent
+drafting.
 
     python benchmarks/eagle3.py --head checkpoints/eagle3-smollm2-135m/trained.pt --per-task 5 --threads 1
 """
@@ -150,7 +151,8 @@ def head_setups(args, verifier, vocab: int, heads: list[str], gammas: list[int])
 
 
 def dflash_setups(args, verifier, vocab: int, profiles: dict) -> list[Setup]:
-    """A row per --dflash drafter and --dflash-gammas value; each drafter's cost profile goes to ``profiles``."""
+    """A row per --dflash drafter and --dflash-gammas value; each drafter's cost profile goes to
+    ``profiles``."""
     from specbench.drafters.dflash.drafter import dflash_drafter
 
     setups = []

@@ -189,7 +189,8 @@ def record_rows(report: dict, tokens: dict[str, list[int]], times: dict[str, lis
                 outputs: dict[str, list], drafter: str) -> list[dict]:
     """Result-record rows, one per method: tokens/s (aggregate, with the median per prompt and a bootstrap
     interval over prompts), the speedup against HF generate (the same, per prompt paired) and, for the
-    engine's sd row, τ, acceptance, c, the predicted speedup S, efficiency and the share of time in forwards."""
+    engine's sd row, τ, acceptance, c, the predicted speedup S, efficiency and the share of time in
+    forwards."""
     gamma = report["gamma"]
     setups = {
         "hf_ar": "HF generate, autoregressive", "hf_assisted": f"HF assisted generation, {drafter}, γ={gamma}",

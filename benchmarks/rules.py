@@ -1,4 +1,5 @@
-"""Verification rules side by side at T = 1: speed, acceptance and a quality signal, one drafter, one verifier.
+"""Verification rules side by side at T = 1: speed, acceptance and a quality signal, one drafter, one
+verifier.
 
 The embedded SmolLM2-135M-Instruct verifier (CPU, float32 by default) and one drafter decode the first
 turn of held-out Spec-Bench questions (``harness.heldout_questions``) at temperature 1 with every row
@@ -30,7 +31,8 @@ Output (``--out-dir``, default outputs/rules/TIME): ``rules.json`` (all figures,
 ``rules.png`` (quality vs acceptance rate, one labelled point per row).
 
     OMP_NUM_THREADS=1 python benchmarks/rules.py --drafter eagle3 \
-        --head checkpoints/eagle3-smollm2-135m/trained.pt --per-task 3 --max-new-tokens 96 --gamma 4 --seeds 0,1
+        --head checkpoints/eagle3-smollm2-135m/trained.pt --per-task 3 --max-new-tokens 96 --gamma 4 --seeds
+        0,1
 
 Default drafter: that EAGLE-3 head if the file exists, else the verifier's first 4 layers (early exit).
 Smoke run: ``--drafter early-exit --layers 4 --per-task 1 --limit 2 --max-new-tokens 12 --seeds 0

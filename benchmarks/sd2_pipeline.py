@@ -293,7 +293,8 @@ def _figures(rows: list[dict]) -> dict[str, dict]:
 
 
 def _identical(rows: list[dict], temperature: float) -> bool | None:
-    """Greedy with the exact ``sd`` rule: whether every output matched its autoregressive run; None at T > 0."""
+    """Greedy with the exact ``sd`` rule: whether every output matched its autoregressive run; None at T >
+    0."""
     match = _mean(rows, "baseline_match_rate")
     return None if temperature or match is None else match == 1.0
 

@@ -2,9 +2,10 @@
 
 It answers what ``task=synth synth.backend=openai`` sends a vLLM server: ``GET /v1/models`` and
 ``POST /v1/completions`` with the prompt as token ids, ``max_tokens``, ``temperature`` (0: greedy),
-``top_p``, ``top_k`` (-1 / 0: off), ``seed``, ``logit_bias`` and ``logprobs``, and vLLM's ``return_tokens_as_token_ids``
-(generated tokens as ``"token_id:N"``). Generation is transformers' own ``generate`` (an implementation
-independent of specbench's engine); like vLLM, the EOS token that ends a row is in the token ids and in
+``top_p``, ``top_k`` (-1 / 0: off), ``seed``, ``logit_bias`` and ``logprobs``, and vLLM's
+``return_tokens_as_token_ids`` (generated tokens as ``"token_id:N"``). Generation is transformers' own
+``generate`` (an implementation independent of specbench's engine); like vLLM, the EOS token that ends a row
+is in the token ids and in
 ``usage.completion_tokens`` but not in the text, and ``stop_reason`` is null for the tokenizer's EOS.
 
 ``token_ids=False`` plays a server that ignores ``return_tokens_as_token_ids`` (text and plain token

@@ -4,8 +4,8 @@ Every module under ``specbench/`` (and ``launch.py``) is parsed with ``ast`` —
 every import in it counts: at the top, inside functions, under ``TYPE_CHECKING``, relative ones, and a
 constant passed to ``importlib.import_module``. Each module belongs to one layer (``LAYERS``, from the ground
 up); a module may import its own layer and the layers below, never one above; the modules import no one in a
-circle; and none is longer than ``MAX_LINES``. No function in ``specbench/``, ``benchmarks/`` or ``launch.py`` is
-longer than ``MAX_FUNCTION_LINES`` (from its ``def`` to its last line, docstring included).
+circle; and none is longer than ``MAX_LINES``. No function in ``specbench/``, ``benchmarks/`` or
+``launch.py`` is longer than ``MAX_FUNCTION_LINES`` (from its ``def`` to its last line, docstring included).
 """
 
 from __future__ import annotations

@@ -240,7 +240,8 @@ HEAD = 320  # the sampling tests compare over the whole LM head, as the exact re
 
 
 def chi_square_vocab(arch: str, prompt: list[int]) -> DraftVocab:
-    """The verifier's most likely first tokens up to 60 % of its mass: the rest must come from the residual."""
+    """The verifier's most likely first tokens up to 60 % of its mass: the rest must come from the
+    residual."""
     p1, _ = exact_first_tokens(verifier(arch), prompt)
     order = np.argsort(-p1)
     keep = order[: int(np.searchsorted(np.cumsum(p1[order]), 0.6)) + 1]

@@ -177,7 +177,8 @@ def test_report_task_through_launch_logs_artifacts(sweep, tmp_path):
 
 @pytest.fixture
 def mlflow_store(tmp_path, monkeypatch) -> dict:
-    """A tmp SQLite store: a parent run with three children (two methods), a failed run, another experiment."""
+    """A tmp SQLite store: a parent run with three children (two methods), a failed run, another
+    experiment."""
     import mlflow
 
     uri = f"sqlite:///{tmp_path / 'runs.db'}"

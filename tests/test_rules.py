@@ -254,7 +254,8 @@ def test_lossy_settings_are_flagged_and_change_the_output(spec):
 
 @pytest.mark.parametrize("pair", list(PAIRS))
 def test_linear_pool_traces_the_acceptance_bias_front(pair):
-    """Linear pool: acceptance 1 − (1−w)·TV(p,q), bias TV(π,p) = w·TV(p,q), their difference constant (§2.1)."""
+    """Linear pool: acceptance 1 − (1−w)·TV(p,q), bias TV(π,p) = w·TV(p,q), their difference constant
+    (§2.1)."""
     p, q = PAIRS[pair]
     tv = 0.5 * (p - q).abs().sum().item()
     differences = []

@@ -108,7 +108,8 @@ def store_run(tmp_path):
 
 @contextlib.contextmanager
 def sigterm_inside_the_next_commit(monkeypatch):
-    """The first SQLAlchemy commit in the block receives SIGTERM before it commits; commits are plain after."""
+    """The first SQLAlchemy commit in the block receives SIGTERM before it commits; commits are plain
+    after."""
     import sqlalchemy.orm
 
     commit = sqlalchemy.orm.Session.commit

@@ -20,7 +20,8 @@ __all__ = ["DatasetSettings", "dataset_settings"]
 
 
 def dataset_settings(node: Any) -> DatasetSettings:
-    """Settings from a ``dataset`` config node (DictConfig or mapping), validated; ValueError names the key."""
+    """Settings from a ``dataset`` config node (DictConfig or mapping), validated; ValueError names the
+    key."""
     values = _as_dict(node)
     name = values.get("name")
     if name not in SPECS:

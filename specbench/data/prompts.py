@@ -32,7 +32,8 @@ def demo_path() -> Path:
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, object) for each non-blank line; a corrupt line raises ValueError naming file and line."""
+    """(line number, object) for each non-blank line; a corrupt line raises ValueError naming file and
+    line."""
     rows = []
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):

@@ -78,7 +78,8 @@ def block_residual(p_stop: torch.Tensor, q_stop: torch.Tensor, rho_stop: torch.T
 
 
 def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """The token whose CDF interval holds u: (R, V), (R,) in [0, 1) -> (R,). Never a zero-probability token."""
+    """The token whose CDF interval holds u: (R, V), (R,) in [0, 1) -> (R,). Never a zero-probability
+    token."""
     cdf = probs.cumsum(-1)
     target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
     ids = torch.searchsorted(cdf, target, right=True).squeeze(-1)

@@ -79,7 +79,8 @@ class CostAwareSchedule:
         return torch.ones_like(drafted_token_prob, dtype=torch.bool)
 
     def caps(self, gammas: torch.Tensor) -> torch.Tensor:
-        """Model drafters draft the best length for bucket 0; lookup drafters get the maximum and are trimmed."""
+        """Model drafters draft the best length for bucket 0; lookup drafters get the maximum and are
+        trimmed."""
         best = self.best_length(0, self.max_gamma)
         return torch.full_like(gammas, best if self._caps_before_drafting else self.max_gamma)
 

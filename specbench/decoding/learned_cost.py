@@ -2,8 +2,9 @@
 
 A :class:`~specbench.decoding.cost.CostProfile` is timed once, when the run starts. On a shared machine
 that minute's load can bend its shape: three profiles of the same pair on the same machine read v(2) =
-1.27, 1.00 and 1.19 (results/eagle3/20261202T163133-b69535a14d.json), and a schedule that trusted the high readings drafted
-too little. :class:`LearnedCosts` uses the profile only as a prior and learns from every round:
+1.27, 1.00 and 1.19 (results/eagle3/20261202T163133-b69535a14d.json), and a schedule that trusted the high
+readings drafted too little. :class:`LearnedCosts` uses the profile only as a prior and learns from every
+round:
 
 - ``T(n)``, the time of a round after its drafts exist (verification of ``n`` columns, the rule, and the
   bookkeeping and drafter commit that follow), per ``n``;

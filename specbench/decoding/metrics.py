@@ -35,7 +35,8 @@ def per_position_acceptance(results: Sequence[SampleResult]) -> list[float]:
 
 
 def per_position_draft_weight(results: Sequence[SampleResult]) -> list[float]:
-    """Mean draft weight of drafted position k = 1..max over the rounds that drafted it (learned ensembles)."""
+    """Mean draft weight of drafted position k = 1..max over the rounds that drafted it (learned
+    ensembles)."""
     sums: list[float] = []
     counts: list[int] = []
     for res in results:

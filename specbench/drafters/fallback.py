@@ -56,7 +56,8 @@ class FallbackDrafter(Drafter):
 
     @property
     def trimmed_by_schedule(self) -> bool:
-        """schedule=cost_aware trims its chains by match length (model rows: bucket 0); trees it cannot trim."""
+        """schedule=cost_aware trims its chains by match length (model rows: bucket 0); trees it cannot
+        trim."""
         return self.lookup.trimmed_by_schedule and not self.proposes_trees
 
     def memory_state(self) -> object:

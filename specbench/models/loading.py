@@ -180,7 +180,8 @@ def load_drafter(
     (a different explicit request is an error) and uses the verifier's tokenizer. ``placement``: the
     drafter's own device_map (default: what ``spec`` asks for); a drafter next to a sharded verifier takes
     its inputs on the verifier's first device. A model drafter with ``spec.draft_vocab_size`` /
-    ``spec.draft_vocab`` gets its reduced draft vocabulary (``LoadedModel.draft_vocab``, :func:`drafter_vocab`).
+    ``spec.draft_vocab`` gets its reduced draft vocabulary (``LoadedModel.draft_vocab``,
+    :func:`drafter_vocab`).
     """
     if spec.kind == "none":
         return None

@@ -265,7 +265,8 @@ def check_same_input_device(verifier: PreTrainedModel, drafter: PreTrainedModel)
 
 
 def ready(model: PreTrainedModel, role: str = "verifier") -> PreTrainedModel:
-    """A model the libraries placed: eval mode, frozen, checked (never moved: that would undo the placement)."""
+    """A model the libraries placed: eval mode, frozen, checked (never moved: that would undo the
+    placement)."""
     model.eval()
     model.requires_grad_(False)
     check_placement(model, role)

@@ -230,7 +230,8 @@ def synthesize(
 def _encode_shard(
     tokenizer, prompts: Sequence[Prompt], selected: Sequence[int], max_prompt_len: int, prompt_format: str
 ) -> tuple[dict[int, list[int]], set[str], list[int]]:
-    """The shard's prompts encoded like eval does, by index; the formats used; the indices too long to keep."""
+    """The shard's prompts encoded like eval does, by index; the formats used; the indices too long to
+    keep."""
     encoded: dict[int, list[int]] = {}
     formats: set[str] = set()
     skipped: list[int] = []

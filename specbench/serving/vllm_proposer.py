@@ -111,8 +111,8 @@ def _env_kwargs() -> dict[str, Any]:
 
 
 def check_model_free(drafter: Drafter) -> None:
-    """Raise ValueError / TypeError unless ``drafter`` can run inside vLLM's proposer hook: deterministic, reading no
-    verifier output (vLLM hands a custom proposer tokens only), with per-row token histories."""
+    """Raise ValueError / TypeError unless ``drafter`` can run inside vLLM's proposer hook: deterministic,
+    reading no verifier output (vLLM hands a custom proposer tokens only), with per-row token histories."""
     name = getattr(drafter, "name", type(drafter).__name__)
     if not isinstance(drafter, Drafter):
         raise TypeError(f"{type(drafter).__name__} is not a specbench Drafter")

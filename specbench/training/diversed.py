@@ -278,7 +278,8 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         return pg_loss + reg_loss, logs
 
     def rewards_of(self, result: Rollout, items: Sequence[dict]) -> list[float]:
-        """Per-rollout rewards: the dataset's scorer on the decoded texts, or the verifier's log-likelihood."""
+        """Per-rollout rewards: the dataset's scorer on the decoded texts, or the verifier's
+        log-likelihood."""
         if self.settings.reward != "task":
             return result.mean_verifier_log_prob()
         return self.reward(self.decode(result.outputs()), items)

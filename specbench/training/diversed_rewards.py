@@ -49,7 +49,8 @@ class RewardSpec:
 
 
 def reward_spec(cfg: Any) -> RewardSpec:
-    """The reward of ``cfg.dataset`` (its metric must have per-sample rewards) with ``cfg.scoring`` options."""
+    """The reward of ``cfg.dataset`` (its metric must have per-sample rewards) with ``cfg.scoring``
+    options."""
     data = dataset_settings(cfg.dataset)
     metric, stops = data.scorer("plain")
     if metric not in REWARD_METRICS:

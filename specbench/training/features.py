@@ -11,10 +11,11 @@ One frozen-verifier pass over a synthetic dataset (``task=synth`` rows) gives, p
 
 :func:`~specbench.training.batches.verifier_targets` computes them for a padded batch (the on-the-fly
 path), the targets packed as the cache stores them (one row per response-predicting position);
-:func:`~specbench.training.batches.verifier_batch` scatters them to (B, T, ·) as the EAGLE-3 loss reads them. ``train.feature_cache=DIR`` stores them once (bf16) so that a
-training step runs only the drafter (EAGLE-3 heads, and distill / SD² drafters: :mod:`specbench.training.synth_data`
-gives the batches); :func:`open_feature_cache` reuses a directory only when it was
-made by the same verifier (name, weights fingerprint, tokenizer hash) from the same data, with the
+:func:`~specbench.training.batches.verifier_batch` scatters them to (B, T, ·) as the EAGLE-3 loss reads them.
+``train.feature_cache=DIR`` stores them once (bf16) so that a training step runs only the drafter (EAGLE-3
+heads, and distill / SD² drafters:
+:mod:`specbench.training.synth_data` gives the batches); :func:`open_feature_cache` reuses a directory only
+when it was made by the same verifier (name, weights fingerprint, tokenizer hash) from the same data, with the
 requested taps (a superset is fine: an SD² run may read other layers of one cache, a distillation run
 none) and the same targets (draft vocabulary and top-k); otherwise it stops with a message naming the
 difference.

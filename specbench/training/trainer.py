@@ -84,8 +84,8 @@ class TrainedOnlyCheckpoint:
 
 
 class VerifierTraining(TrainedOnlyCheckpoint, L.LightningModule):
-    """A LightningModule that trains a part against a frozen verifier: the verifier is held by reference (not a
-    submodule: never saved, never handed to the optimiser) and moved to the module's device at fit start;
+    """A LightningModule that trains a part against a frozen verifier: the verifier is held by reference (not
+    a submodule: never saved, never handed to the optimiser) and moved to the module's device at fit start;
     AdamW over the trainable parameters with the warm-up / cosine schedule of ``train``; checkpoints carry
     ``metadata``; validation decodes ``val_prompts`` (token ids) with these EOS and pad ids."""
 

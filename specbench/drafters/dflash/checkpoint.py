@@ -4,13 +4,14 @@
     fc.weight                    (H, len(target_layer_ids)·H)
     hidden_norm.weight           (H,)
     layers.N.input_layernorm.weight, layers.N.post_attention_layernorm.weight
-    layers.N.self_attn.{q,k,v,o}_proj.weight (+ .bias with attention_bias), layers.N.self_attn.{q,k}_norm.weight
-    layers.N.mlp.{gate,up,down}_proj.weight
+    layers.N.self_attn.{q,k,v,o}_proj.weight (+ .bias with attention_bias),
+    layers.N.self_attn.{q,k}_norm.weight layers.N.mlp.{gate,up,down}_proj.weight
     norm.weight
-    mask_embedding               (H,)  specbench only: a learned mask, when dflash_config.mask_token_id is null
+    mask_embedding               (H,)  specbench only: a learned mask, when dflash_config.mask_token_id is
+    null
 
-The draft shares the verifier's embedding and LM head; ``embed_tokens`` / ``lm_head`` weights in a checkpoint are
-ignored. :func:`check_fits_verifier` refuses a draft built for another verifier before any
+The draft shares the verifier's embedding and LM head; ``embed_tokens`` / ``lm_head`` weights in a checkpoint
+are ignored. :func:`check_fits_verifier` refuses a draft built for another verifier before any
 decoding.
 """
 

@@ -124,7 +124,8 @@ class DFlashDrafter(Drafter):
     @torch.no_grad()
     def draft_logits(self, state, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft forward of the whole block: (logits (B, width, vocab_size) float32 of the first ``width``
-        mask slots (default all ``block_size − 1``; the LM head runs on those only), their final-normed hidden)."""
+        mask slots (default all ``block_size − 1``; the LM head runs on those only), their final-normed
+        hidden)."""
         lengths = state.lengths().to(self.device)
         held = self.cache.lengths
         if not torch.equal(held, lengths - 1):
@@ -185,8 +186,8 @@ class DFlashDrafter(Drafter):
 def dflash_drafter(
     path: str | None, verifier: Any, vocab_size: int, block_size: int | None = None
 ) -> DFlashDrafter:
-    """``model/drafter=dflash``: ``path`` (``model.drafter.params.path``) is the ``trained.pt`` / ``last.ckpt``
-    of ``task=train method=dflash``, a z-lab layout directory or a hub id, for this verifier (a
+    """``model/drafter=dflash``: ``path`` (``model.drafter.params.path``) is the ``trained.pt`` /
+    ``last.ckpt`` of ``task=train method=dflash``, a z-lab layout directory or a hub id, for this verifier (a
     ``LoadedModel``); ``block_size`` (null: the checkpoint's) sets the slots per forward."""
     from specbench.models.checkpoints import resolve_project_path
 
