@@ -306,7 +306,10 @@ def test_no_function_is_too_long():
 
 
 def test_the_function_scan_counts_methods_and_nested_functions():
-    source = "class A:\n    def f(self):\n        def g():\n            pass\n        return g\n\ndef h():\n    pass\n"
+    source = (
+        "class A:\n    def f(self):\n        def g():\n            pass\n        return g\n\n"
+        "def h():\n    pass\n"
+    )
     assert function_lengths(source) == {"A.f": 4, "A.f.g": 2, "h": 2}
     assert "specbench/pipelines/synthesize.py" in {str(p.relative_to(ROOT)) for p in FUNCTION_SOURCES}
     assert any(p.parent.name == "benchmarks" for p in FUNCTION_SOURCES)

@@ -263,11 +263,12 @@ def load_synthetic(paths: str | Path | Sequence[str | Path]) -> tuple[DatasetDic
 
 # Metadata a merge takes from its first part, and the counts it sums over the parts.
 _SHARED_KEYS = (
-    "verifier", "verifier_path", "verifier_revision", "tokenizer_hash", "sampling", "target_len", "eos_token_ids",
-    "pad_token_id",
+    "verifier", "verifier_path", "verifier_revision", "tokenizer_hash", "sampling", "target_len",
+    "eos_token_ids", "pad_token_id",
 )  # fmt: skip
 _SUMMED_KEYS = (
-    "rows", "train_rows", "validation_rows", "tokens", "generated_tokens", "finished_by_eos", "skipped_prompts",
+    "rows", "train_rows", "validation_rows", "tokens", "generated_tokens", "finished_by_eos",
+    "skipped_prompts",
 )  # fmt: skip
 
 

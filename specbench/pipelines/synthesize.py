@@ -315,7 +315,8 @@ class _Sampling:
                 continue  # a batch cut by a crash: its finished rows are kept as they were
             index, response = jobs[job]
             row = make_row(
-                encoded[index], output_ids, settings.target_len, self.eos, index, self.prompts[index].id, response,
+                encoded[index], output_ids, settings.target_len, self.eos, index, self.prompts[index].id,
+                response,
             )  # fmt: skip
             handle.write(json.dumps(row) + "\n")
             self.done[job] = _Packed.of(row)
