@@ -1,4 +1,5 @@
-"""DIVERSED against the static-ensemble curve, with a drafter that agrees often and a quality signal with resolution.
+"""DIVERSED against the static-ensemble curve, with a drafter that agrees often and a quality signal with
+resolution.
 
 The embedded SmolLM2-135M-Instruct verifier with the committed EAGLE-3 head as drafter, on held-out Spec-Bench
 questions (first turn; ``--per-task`` per Spec-Bench task), at T = 1 over ``--seeds``. Every method uses the
@@ -8,9 +9,10 @@ the per-token optimum of the heads' objective computed from p and q (``--gated``
 
 Quality (what the heads are judged on):
 
-- ``verifier_logp``: the verifier's own mean log-likelihood per output token (untempered; recorded by the engine
-  from the verification forwards, no extra pass). Lossless methods keep autoregressive sampling's value; a lossy
-  method moves it. It is also the reward of ``train.reward=verifier_logp`` (the heads of
+- ``verifier_logp``: the verifier's own mean log-likelihood per output token (untempered; recorded by the
+engine
+  from the verification forwards, no extra pass). Lossless methods keep autoregressive sampling's value; a
+  lossy method moves it. It is also the reward of ``train.reward=verifier_logp`` (the heads of
   ``experiment=cpu-diversed-eagle`` are trained on it), so a second, independent measure is reported:
 - ``rouge_l``: ROUGE-L F1 of the output against the verifier's greedy answer to the same question.
 
@@ -21,7 +23,8 @@ of the difference (paired bootstrap over questions) lies above 0. Methods run in
 rotating order), so a shared machine's drifts hit all alike. ``--json`` keeps per-question figures after each
 seed, so ``--resume`` continues with the next seed. ``--plot`` draws quality vs acceptance and vs tokens/s.
 
-    .venv/bin/python benchmarks/diversed_study.py --head lambda2=/work/data/diversed_eagle/lambda2/trained.pt \\
+    .venv/bin/python benchmarks/diversed_study.py --head lambda2=/work/data/diversed_eagle/lambda2/trained.pt
+    \\
         --seeds 0,1,2 --json outputs/diversed_study.json --plot docs/img/diversed_study.png
 """
 
@@ -40,18 +43,18 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from diversed_translation import interpolate
+from harness import benchmark_parser
 
-from specbench.results import add_record_options, record_run
+from specbench.results import record_run
 
 DEFAULT_HEAD = ROOT / "checkpoints" / "eagle3-smollm2-135m" / "trained.pt"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, per_task=3, max_new_tokens=32, threads=1)
     parser.add_argument("--head", action="append", default=[], metavar="NAME=PATH",
                         help="a DIVERSED head (trained.pt) for this pair; repeatable")
     parser.add_argument("--eagle", default=str(DEFAULT_HEAD), help="the EAGLE-3 drafter head")
-    parser.add_argument("--per-task", type=int, default=3, help="held-out questions per Spec-Bench task")
     parser.add_argument("--tasks", default="mt_bench,translation,qa,math_reasoning",
                         help="Spec-Bench tasks (summarization and rag have long prompts: slow prefill on CPU)")
     parser.add_argument("--seeds", default="0,1,2")
@@ -62,9 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gated", default="4,8",
                         help="strengths λ of the per-token likelihood gate (the head's objective solved per token)")
     parser.add_argument("--gamma", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting new methods after this")
     parser.add_argument("--json", help="write (and with --resume, read) the per-question figures here")
@@ -76,7 +77,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reuse", help="a --json of an earlier run on the same questions, seeds, γ and length: "
                         "its methods (all but auto) are taken from it, not decoded again (the engine is "
                         "deterministic, so they would be token-identical); their speed is the earlier run's")
-    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -278,7 +278,8 @@ def print_table(rows: dict[str, dict]) -> None:
         rlo, rhi = row["rouge_l_ci"]
         name = f"{name} *" if "speed_scale" in row else name
         print(f"{name:<22} {w:>7} {acc:>7} {row['tau']:>5.2f} {row['tokens_per_s']:>6.1f} {row['speedup']:>5.2f}x "
-              f"{row['verifier_logp']:>8.3f} [{lo:>6.3f}, {hi:>6.3f}] {row['rouge_l']:>10.1f} [{rlo:>5.1f}, {rhi:>5.1f}]")  # fmt: skip
+              f"{row['verifier_logp']:>8.3f} [{lo:>6.3f}, {hi:>6.3f}] {row['rouge_l']:>10.1f} [{rlo:>5.1f}, "
+              f"{rhi:>5.1f}]")  # fmt: skip
     print("-" * len(header))
     if any("speed_scale" in row for row in rows.values()):
         print("* reused from --reuse: the same tokens; tok/s and vs AR are that run's")
@@ -366,6 +367,52 @@ def replot(paths: list[str], plot_path: str) -> int:
     return 0
 
 
+def resumed_raws(out: Path, raws: dict, questions: list[dict], seeds: list[int]) -> dict:
+    """The per-question figures a previous run saved in ``out``, when it measured the same questions, seeds
+    and methods; else ``raws`` (fresh)."""
+    saved = json.loads(out.read_text())
+    same = saved.get("question_ids") == [q["question_id"] for q in questions] and saved.get("seeds") == seeds
+    if same and set(saved.get("raw", {})) == set(raws):
+        print(f"resuming: seeds {saved['raw']['auto']['seeds']} done, from {out}")
+        return saved["raw"]
+    return raws
+
+
+def collect_rows(raws: dict, reused: dict, every: list) -> dict[str, dict]:
+    """The figures of every method measured on all the seeds done, plus the ``reused`` methods (their speed
+    scaled by the earlier run's autoregressive speed), in the order of the method kinds."""
+    done = raws["auto"]["seeds"]
+    rows = {name: finish(raw) for name, raw in raws.items() if raw["seeds"] == done and done}
+    if reused:
+        earlier_auto = finish(reused["auto"])["tokens_per_s"]
+        for name, raw in reused.items():
+            if name != "auto" and name not in rows:
+                rows[name] = {**finish(raw), "speed_scale": earlier_auto}
+        kinds = ["auto", "sd", "static", "lossy", "cascade", "fly", "gated", "diversed"]
+        rows = dict(sorted(rows.items(), key=lambda item: kinds.index(item[0].split()[0])))  # stable within a kind
+    for name, _, meta in every:  # fixed weights: show the configured one
+        if name in rows and rows[name]["mean_draft_weight"] is None and "w" in meta:
+            rows[name]["mean_draft_weight"] = meta["w"]
+    return rows
+
+
+def compare_with_static(rows: dict[str, dict], bootstrap: int) -> None:
+    """Print (and store in the row) each non-static method's quality gap to the static-ensemble curve at its
+    acceptance, with its bootstrap interval."""
+    static = [n for n in rows if n.startswith("static")]
+    for name in (n for n in rows if n.startswith(("diversed", "gated", "lossy", "cascade", "fly"))):
+        for key in ("verifier_logp", "rouge_l"):
+            gap = curve_gap(rows, static, name, key, bootstrap)
+            if gap is None:
+                print(f"[n/a ] {name}: acceptance {rows[name]['acceptance']:.3f} outside the static curve ({key})")
+                continue
+            point, lo, hi = gap
+            verdict = "ABOVE" if lo > 0 else ("BELOW" if hi < 0 else "ON   ")
+            print(f"[{verdict}] {name} vs the static curve at its acceptance, {key}: {point:+.3f} "
+                  f"[{lo:+.3f}, {hi:+.3f}]")  # fmt: skip
+            rows[name][f"gap_{key}"] = [point, lo, hi]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.replot:
@@ -376,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness import first_turn_ids, heldout_questions, task_of
 
     from specbench.decoding import GenerationSettings, SpeculativeEngine
-    from specbench.drafters.eagle3_format import load_eagle3_drafter
+    from specbench.drafters.eagle3.format import load_eagle3_drafter
     from specbench.evaluation import eos_token_ids, pad_token_id
     from specbench.models import ModelSpec, load_verifier
     from specbench.models.pair import verifier_vocab_size
@@ -404,11 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [c for c in every if c[0] not in reused or c[0] == "auto"]
     raws = {name: new_raw(len(ids)) for name, _, _ in chosen}
     if args.resume and out and out.is_file():
-        saved = json.loads(out.read_text())
-        same = saved.get("question_ids") == [q["question_id"] for q in questions] and saved.get("seeds") == seeds
-        if same and set(saved.get("raw", {})) == set(raws):
-            raws = saved["raw"]
-            print(f"resuming: seeds {raws['auto']['seeds']} done, from {out}")
+        raws = resumed_raws(out, raws, questions, seeds)
 
     def save(rows: dict | None = None) -> None:
         if out:
@@ -431,32 +474,12 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)  # fmt: skip
         save()
     done = raws["auto"]["seeds"]
-    rows = {name: finish(raw) for name, raw in raws.items() if raw["seeds"] == done and done}
-    if reused and done == seeds:
-        earlier_auto = finish(reused["auto"])["tokens_per_s"]
-        for name, raw in reused.items():
-            if name != "auto" and name not in rows:
-                rows[name] = {**finish(raw), "speed_scale": earlier_auto}
-        kinds = ["auto", "sd", "static", "lossy", "cascade", "fly", "gated", "diversed"]
-        rows = dict(sorted(rows.items(), key=lambda item: kinds.index(item[0].split()[0])))  # stable within a kind
-    for name, _, meta in every:  # fixed weights: show the configured one
-        if name in rows and rows[name]["mean_draft_weight"] is None and "w" in meta:
-            rows[name]["mean_draft_weight"] = meta["w"]
+    rows = collect_rows(raws, reused if done == seeds else {}, every)
     if "auto" not in rows or "sd" not in rows:
         return 1
     summarize(rows, args.bootstrap)
     print_table(rows)
-    static = [n for n in rows if n.startswith("static")]
-    for name in (n for n in rows if n.startswith(("diversed", "gated", "lossy", "cascade", "fly"))):
-        for key in ("verifier_logp", "rouge_l"):
-            gap = curve_gap(rows, static, name, key, args.bootstrap)
-            if gap is None:
-                print(f"[n/a ] {name}: acceptance {rows[name]['acceptance']:.3f} outside the static curve ({key})")
-                continue
-            point, lo, hi = gap
-            verdict = "ABOVE" if lo > 0 else ("BELOW" if hi < 0 else "ON   ")
-            print(f"[{verdict}] {name} vs the static curve at its acceptance, {key}: {point:+.3f} [{lo:+.3f}, {hi:+.3f}]")
-            rows[name][f"gap_{key}"] = [point, lo, hi]
+    compare_with_static(rows, args.bootstrap)
     save(rows)
     if args.plot:
         plot(rows, Path(args.plot))

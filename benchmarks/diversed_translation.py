@@ -1,4 +1,5 @@
-"""DIVERSED on the embedded pair: train the weight head on Spec-Bench translation, compare on the held-out part.
+"""DIVERSED on the embedded pair: train the weight head on Spec-Bench translation, compare on the held-out
+part.
 
 1. Train (unless ``--head PATH``): ``python launch.py task=train experiment=cpu-diversed-translation`` into
    ``--train-dir`` (a finished ``trained.pt`` there is reused; ``--retrain`` starts over).
@@ -23,32 +24,41 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from specbench.results import add_record_options, record_run  # torch-free
+from harness import benchmark_parser  # torch-free
+
+from specbench.results import record_run  # torch-free
 
 PRESET = "cpu-diversed-translation"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--head", help="a trained DIVERSED head (trained.pt or last.ckpt); default: train one")
+    parser = benchmark_parser(
+        __doc__.split("\n\n")[0], threads=None,
+        max_new_tokens={"default": None, "help": "default: the preset's gen.max_new_tokens"},
+    )  # fmt: skip
+    parser.add_argument(
+        "--head", help="a trained DIVERSED head (trained.pt or last.ckpt); default: train one"
+    )
     parser.add_argument("--train-dir", default=str(ROOT / "outputs" / "diversed-translation"))
-    parser.add_argument("--retrain", action="store_true", help="train again even if --train-dir has trained.pt")
+    parser.add_argument(
+        "--retrain", action="store_true", help="train again even if --train-dir has trained.pt"
+    )
     parser.add_argument("--train-override", action="append", default=[],
                         help="extra override for task=train (repeatable), e.g. train.max_steps=30")
     parser.add_argument("--weights", default="0.1,0.3,0.5,0.7,0.9", help="static-ensemble draft weights")
     parser.add_argument("--seeds", default="0,1,2", help="sampling seeds; every method runs once per seed")
     parser.add_argument("--limit", type=int, default=None, help="at most this many held-out questions")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the preset's gen.max_new_tokens")
     parser.add_argument("--gamma", type=int, default=None, help="default: the preset's schedule.gamma")
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--json", help="also write the rows and checks to this file")
-    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -128,6 +138,82 @@ def record_rows(rows: dict[str, dict]) -> list[dict]:
     return out
 
 
+@dataclass
+class TranslationTask:
+    """The held-out prompts (encoded), their references and how every method decodes them."""
+
+    verifier: Any
+    drafter: Any
+    ids: list[list[int]]
+    references: list
+    stops: Any
+    seeds: list[int]
+    gamma: int
+    max_new: int
+    batch_size: int
+
+    def measure(self, rule) -> dict:
+        """One method (rule None: autoregressive) over every seed: acceptance, τ, tokens/s, corpus BLEU over
+        all seeds' outputs, BLEU per seed, mean sentence BLEU and the mean draft weight."""
+        from specbench.decoding import DraftSchedule, EnsembleRule, GenerationSettings
+        from specbench.evaluation import build_engines, compare
+        from specbench.scoring import score_samples
+
+        drafted = accepted = emitted = forwards = tokens = 0
+        wall = 0.0
+        texts: list[str] = []
+        refs: list = []
+        draft_weights: list[float] = []
+        seed_bleu: list[float] = []
+        for seed in self.seeds:
+            settings = GenerationSettings(max_new_tokens=self.max_new, temperature=1.0, seed=seed)
+            engine, _ = build_engines(self.verifier, self.drafter if rule is not None else None, rule,
+                                      DraftSchedule("constant", gamma=self.gamma), settings, baseline=False)  # fmt: skip
+            run = compare(engine, self.ids, batch_size=self.batch_size, progress=False).method
+            for result in run.results:
+                for record in result.rounds:
+                    drafted += record.drafted
+                    accepted += record.accepted
+                    emitted += record.emitted
+                    draft_weights.extend(record.draft_weights or ())
+                forwards += len(result.rounds)
+                tokens += len(result.output_ids)
+            wall += run.wall_time
+            outputs = [
+                self.verifier.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in run.results
+            ]
+            seed_bleu.append(
+                score_samples("bleu", outputs, self.references, stops=self.stops).metrics["quality_bleu"]
+            )
+            texts += outputs
+            refs += self.references
+        quality = score_samples("bleu", texts, refs, stops=self.stops)
+        return {
+            "acceptance": accepted / drafted if drafted else 0.0,
+            "tau": emitted / forwards if forwards else 0.0,
+            "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "bleu": quality.metrics["quality_bleu"],  # corpus BLEU over all seeds' outputs
+            "bleu_per_seed": seed_bleu,
+            # mean sentence BLEU (the training reward × 100)
+            "sentence_bleu": sum(x for x in quality.scores if x is not None) / max(len(quality.scores), 1),
+            "draft_weight": (sum(draft_weights) / len(draft_weights)) if draft_weights else
+            (rule.draft_weight if isinstance(rule, EnsembleRule) else None),
+        }  # fmt: skip
+
+
+def print_rows(rows: dict[str, dict]) -> None:
+    header = (f"{'method':<16} {'draft w':>8} {'acceptance':>11} {'tau':>6} {'tokens/s':>9} {'BLEU':>7} "
+              f"{'seed range':>13} {'sent. BLEU':>10}")  # fmt: skip
+    print("\n" + header + "\n" + "-" * len(header))
+    for name, row in rows.items():
+        weight = "-" if row["draft_weight"] is None else f"{row['draft_weight']:.3f}"
+        acceptance = "-" if name == "auto" else f"{row['acceptance']:.3f}"
+        spread = f"{min(row['bleu_per_seed']):.2f}-{max(row['bleu_per_seed']):.2f}"
+        print(f"{name:<16} {weight:>8} {acceptance:>11} {row['tau']:>6.2f} {row['tokens_per_s']:>9.1f} "
+              f"{row['bleu']:>7.2f} {spread:>13} {row['sentence_bleu']:>10.2f}")  # fmt: skip
+    print("-" * len(header))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     head = Path(args.head).expanduser() if args.head else train(args)
@@ -138,12 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     import specbench.config  # noqa: F401  (registers the schemas)
     from specbench.data.dataset_config import dataset_settings
     from specbench.data.datasets import encode_sample, load_dataset_prompts
-    from specbench.decoding import DraftSchedule, EnsembleRule, GenerationSettings, VerificationRule
+    from specbench.decoding import EnsembleRule, VerificationRule
     from specbench.decoding.diversed import load_diversed_rule
-    from specbench.evaluation import build_engines, compare
     from specbench.models.loading import ModelSpec, load_verifier
     from specbench.pairs import load_drafter
-    from specbench.scoring import score_samples
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -168,58 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     methods: list[tuple[str, object]] = [("auto", None), ("sd", VerificationRule())]
     methods += [(f"static w={w:g}", EnsembleRule(w, str(cfg.method.pool))) for w in weights]
     methods.append(("diversed", load_diversed_rule(head, verifier, drafter, str(cfg.method.pool))))
+    task = TranslationTask(verifier, drafter, ids, references, stops, seeds, gamma, max_new, args.batch_size)
     rows: dict[str, dict] = {}
     for name, rule in methods:
-        drafted = accepted = emitted = forwards = tokens = 0
-        wall = 0.0
-        texts: list[str] = []
-        refs: list = []
-        draft_weights: list[float] = []
-        seed_bleu: list[float] = []
-        for seed in seeds:
-            settings = GenerationSettings(max_new_tokens=max_new, temperature=1.0, seed=seed)
-            engine, _ = build_engines(verifier, drafter if rule is not None else None, rule,
-                                      DraftSchedule("constant", gamma=gamma), settings, baseline=False)  # fmt: skip
-            run = compare(engine, ids, batch_size=args.batch_size, progress=False).method
-            for result in run.results:
-                for record in result.rounds:
-                    drafted += record.drafted
-                    accepted += record.accepted
-                    emitted += record.emitted
-                    draft_weights.extend(record.draft_weights or ())
-                forwards += len(result.rounds)
-                tokens += len(result.output_ids)
-            wall += run.wall_time
-            outputs = [verifier.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in run.results]
-            seed_bleu.append(score_samples("bleu", outputs, references, stops=stops).metrics["quality_bleu"])
-            texts += outputs
-            refs += references
-        quality = score_samples("bleu", texts, refs, stops=stops)
-        bleu = quality.metrics["quality_bleu"]
-        rows[name] = {
-            "acceptance": accepted / drafted if drafted else 0.0,
-            "tau": emitted / forwards if forwards else 0.0,
-            "tokens_per_s": tokens / wall if wall > 0 else 0.0,
-            "bleu": bleu,  # corpus BLEU over all seeds' outputs
-            "bleu_per_seed": seed_bleu,
-            "sentence_bleu": sum(x for x in quality.scores if x is not None) / max(len(quality.scores), 1),  # mean sentence BLEU (the training reward × 100)
-            "draft_weight": (sum(draft_weights) / len(draft_weights)) if draft_weights else
-            (rule.draft_weight if isinstance(rule, EnsembleRule) else None),
-        }
-        row = rows[name]
+        rows[name] = row = task.measure(rule)
         print(f"  {name:<14} acceptance {row['acceptance']:.3f}  tau {row['tau']:.2f}  "
               f"{row['tokens_per_s']:.1f} tok/s  BLEU {row['bleu']:.2f}", flush=True)  # fmt: skip
-
-    header = (f"{'method':<16} {'draft w':>8} {'acceptance':>11} {'tau':>6} {'tokens/s':>9} {'BLEU':>7} "
-              f"{'seed range':>13} {'sent. BLEU':>10}")  # fmt: skip
-    print("\n" + header + "\n" + "-" * len(header))
-    for name, row in rows.items():
-        weight = "-" if row["draft_weight"] is None else f"{row['draft_weight']:.3f}"
-        acceptance = "-" if name == "auto" else f"{row['acceptance']:.3f}"
-        spread = f"{min(row['bleu_per_seed']):.2f}-{max(row['bleu_per_seed']):.2f}"
-        print(f"{name:<16} {weight:>8} {acceptance:>11} {row['tau']:>6.2f} {row['tokens_per_s']:>9.1f} "
-              f"{row['bleu']:>7.2f} {spread:>13} {row['sentence_bleu']:>10.2f}")  # fmt: skip
-    print("-" * len(header))
+    print_rows(rows)
     results = checks(rows)
     for check, passed, figures in results:
         verdict = "n/a " if passed is None else ("PASS" if passed else "FAIL")
@@ -229,12 +268,19 @@ def main(argv: list[str] | None = None) -> int:
             "head": str(head), "prompts": len(prompts), "gamma": gamma, "max_new_tokens": max_new, "seeds": seeds,
             "rows": rows, "checks": [{"check": c, "passed": p, "figures": f} for c, p, f in results],
         }, indent=2) + "\n")  # fmt: skip
-    verdicts = "; ".join(f"{'n/a' if p is None else ('PASS' if p else 'FAIL')} {c}: {f}" for c, p, f in results)
+    verdicts = "; ".join(
+        f"{'n/a' if p is None else ('PASS' if p else 'FAIL')} {c}: {f}" for c, p, f in results
+    )
     record_run(
-        args, "diversed_translation", record_rows(rows),
-        f"spec_bench translation heldout, seeds {','.join(map(str, seeds))}", len(prompts),
-        device=str(verifier.model.device), dtype=str(verifier.model.dtype).removeprefix("torch."),
-        threads=torch.get_num_threads(), doc="docs/diversed.md#measured-on-cpu",
+        args,
+        "diversed_translation",
+        record_rows(rows),
+        f"spec_bench translation heldout, seeds {','.join(map(str, seeds))}",
+        len(prompts),
+        device=str(verifier.model.device),
+        dtype=str(verifier.model.dtype).removeprefix("torch."),
+        threads=torch.get_num_threads(),
+        doc="docs/diversed.md#measured-on-cpu",
         notes=f"{drafter.name}, T = 1, gamma {gamma}, {max_new} new tokens; head {head}; methods decode one after "
         f"another (not interleaved); BLEU: corpus BLEU over every seed's outputs. Checks: {verdicts}",
     )

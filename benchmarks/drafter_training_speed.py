@@ -15,7 +15,8 @@ Tokens/s counts response tokens (positions that predict a generated token, i.e. 
 second of wall time from the end of step ``--warmup`` to the end of the last step (data loading, forward,
 backward and AdamW; no validation, no checkpoint in between).
 
-    python benchmarks/drafter_training_speed.py --data /work/data/synth_t1_p150 --rows 24 --steps 12 --threads 1
+    python benchmarks/drafter_training_speed.py --data /work/data/synth_t1_p150 --rows 24 --steps 12
+    --threads 1
 """
 
 from __future__ import annotations
@@ -29,24 +30,29 @@ import sys
 import time
 from pathlib import Path
 
-from specbench.results import add_record_options, record_run
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import benchmark_parser
+
+from specbench.results import record_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, threads=1)
     parser.add_argument("--data", default="/work/data/synth_t1_p150", help="a task=synth dir of the verifier")
-    parser.add_argument("--rows", type=int, default=24, help="training rows taken from --data (its first ones)")
+    parser.add_argument(
+        "--rows", type=int, default=24, help="training rows taken from --data (its first ones)"
+    )
     parser.add_argument("--steps", type=int, default=12, help="optimiser steps per mode")
     parser.add_argument("--warmup", type=int, default=2, help="steps not timed")
     parser.add_argument("--method", default="sd2", choices=("sd2", "distill"))
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
     parser.add_argument("--modes", default="fly,cached,vocab", help="comma separated: fly, cached, vocab")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "runs" / "drafter-training-speed"))
-    parser.add_argument("--keep-cache", action="store_true", help="keep the feature caches (several hundred MB)")
-    add_record_options(parser)
+    parser.add_argument(
+        "--keep-cache", action="store_true", help="keep the feature caches (several hundred MB)"
+    )
     return parser.parse_args(argv)
 
 
@@ -72,7 +78,10 @@ def overrides(args, data: Path, mode: str, out: Path) -> list[str]:
     if mode != "fly":
         values.append(f"train.feature_cache={out / ('features-' + mode)}")
     if mode == "vocab":
-        values += [f"model.drafter.draft_vocab={args.data}", f"model.drafter.draft_vocab_size={args.draft_vocab_size}"]
+        values += [
+            f"model.drafter.draft_vocab={args.data}",
+            f"model.drafter.draft_vocab_size={args.draft_vocab_size}",
+        ]
     return values
 
 
@@ -119,7 +128,9 @@ def run_mode(args, data: Path, mode: str, out: Path, verifier) -> dict:
     datamodule.prepare_data()  # builds the feature cache (fit's own call then opens it)
     build_seconds = time.perf_counter() - started
     meter = Throughput()
-    trainer, _ = build_trainer(cfg.train, out / f"run-{mode}", NULL_TRACKER, torch.device("cpu"), callbacks=[meter])
+    trainer, _ = build_trainer(
+        cfg.train, out / f"run-{mode}", NULL_TRACKER, torch.device("cpu"), callbacks=[meter]
+    )
     trainer.fit(module, datamodule=datamodule)
     first = args.warmup
     seconds = meter.ends[-1] - meter.ends[first - 1]
@@ -180,11 +191,18 @@ def main(argv=None) -> int:
     if not args.keep_cache:
         for mode in ("cached", "vocab"):
             shutil.rmtree(out / f"features-{mode}", ignore_errors=True)
-    names = {"fly": "on the fly", "cached": "cached", "vocab": f"cached + draft vocab {args.draft_vocab_size}"}
+    names = {
+        "fly": "on the fly",
+        "cached": "cached",
+        "vocab": f"cached + draft vocab {args.draft_vocab_size}",
+    }
     base = next((r["tokens_per_s"] for r in results if r["mode"] == "fly"), None)
     print(f"\n{args.method}, {args.rows} rows of {args.data}, batch 4, {args.threads} thread(s), "
           f"steps {args.warmup + 1}..{args.steps} timed; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
-    print("| training | response tokens/s | s/step | vs on the fly | cache build | cache size | loss at the end |")
+    print(
+        "| training | response tokens/s | s/step | vs on the fly | cache build | cache size | loss at the "
+        "end |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in results:
         ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
@@ -197,8 +215,14 @@ def main(argv=None) -> int:
 
     rows = json.loads((data / DATASET_DIR / METADATA_FILE).read_text(encoding="utf-8"))["rows"]
     record_run(
-        args, "drafter_training_speed", record_rows(results, args.method, args.draft_vocab_size), f"{Path(args.data).name} training rows",
-        rows, device="cpu", dtype=str(plan.dtype).removeprefix("torch."), threads=args.threads,
+        args,
+        "drafter_training_speed",
+        record_rows(results, args.method, args.draft_vocab_size),
+        f"{Path(args.data).name} training rows",
+        rows,
+        device="cpu",
+        dtype=str(plan.dtype).removeprefix("torch."),
+        threads=args.threads,
         doc="docs/training.md#verifier-feature-cache-and-draft-vocabulary",
         notes=f"experiment=cpu-sd2, {args.method}, batch 4, steps {args.warmup + 1}..{args.steps} timed; speedup: "
         f"training throughput over on the fly (not decoding); load average {os.getloadavg()[0]:.2f}",

@@ -1,13 +1,14 @@
-"""A trained EAGLE-3 head (and a DFlash drafter, the suffix drafter and the fallback) vs autoregressive decoding
-and the early-exit drafter, on held-out Spec-Bench questions.
+"""A trained EAGLE-3 head (and a DFlash drafter, the suffix drafter and the fallback) vs autoregressive
+decoding and the early-exit drafter, on held-out Spec-Bench questions.
 
 One process, interleaved (``harness.run_all``): for each held-out question (first turn, the embedded
 SmolLM2-135M-Instruct verifier) autoregressive decoding, the demo's early-exit drafter (first 4 layers,
 γ = 3) and the EAGLE-3 head at each ``--gammas`` value, all with the exact ``sd`` rule. Greedy by default:
 every speculative output must be token-identical to autoregressive decoding (exit 1 otherwise). With
 ``--temperature 1`` the rows sample (outputs then differ by design; τ and tokens/s are what count). The
-head's cost c (its time per drafted token over the verifier's one-token forward) is measured first. Speculative
-rows also record per-position acceptance (``acc_pos1..3``) and the share of decoding time spent drafting.
+head's cost c (its time per drafted token over the verifier's one-token forward) is measured first.
+Speculative rows also record per-position acceptance (``acc_pos1..3``) and the share of decoding time spent
+drafting.
 
     python benchmarks/eagle3.py --head checkpoints/eagle3-smollm2-135m/trained.pt --per-task 5 --threads 1
 """
@@ -23,23 +24,25 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
-    add_record_options,
+    Setup,
     all_identical,
+    benchmark_parser,
     embedded_verifier,
-    engine_runner,
     format_table,
     heldout_questions,
     out_dir,
     record_speed_run,
     run_all,
+    setup_runners,
     table,
     write_answer_files,
 )
 
-from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
+from specbench.decoding import DraftSchedule, GenerationSettings
 from specbench.decoding.cost import CostProfile
 from specbench.decoding.cost_aware import CostAwareSchedule
-from specbench.drafters.eagle3_format import load_eagle3_drafter
+from specbench.decoding.model_drafter import ModelDrafter
+from specbench.drafters.eagle3.format import load_eagle3_drafter
 from specbench.drafters.fallback import suffix_then_eagle3
 from specbench.drafters.suffix import SuffixDrafter
 from specbench.evaluation import measure_profile
@@ -50,19 +53,21 @@ FALLBACK_CAP = 10
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(
+        __doc__, per_task=5, max_new_tokens=128, threads=1, device="cpu", dtype="auto",
+        out_dir={"default": None, "help": "default: outputs/eagle3/TIME"},
+    )  # fmt: skip
     parser.add_argument(
         "--head", action="append", default=None,
         help="trained.pt of task=train method=eagle3; repeat it to compare heads in the same run (rows named by "
         "the head's folder); default: the committed head",
     )  # fmt: skip
-    parser.add_argument("--per-task", type=int, default=5, help="held-out questions per Spec-Bench task")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--gammas", default="3,5", help="comma list of constant draft lengths for the head (empty: no head rows)")
+    parser.add_argument(
+        "--gammas",
+        default="3,5",
+        help="comma list of constant draft lengths for the head (empty: no head rows)",
+    )
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
-    parser.add_argument("--dtype", default="auto", help="auto (as runtime.dtype=auto) | float32 | bfloat16 | float16")
     parser.add_argument("--no-early-exit", action="store_true", help="leave out the early-exit row")
     parser.add_argument(
         "--fallback", default="",
@@ -72,7 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--fallback-schedules", default="constant",
         help="comma list of schedules for the --fallback chain rows: constant (γ cap 10) | cost_aware (chains "
-        "trimmed by match length and the round costs: the v(n) measured first as a prior, learned from the run's "
+        "trimmed by match length and the round costs: the v(n) measured first as a prior, learned from the "
+        "run's "
         "own rounds; max_gamma 10) | cost_aware_profile (the same, priced by the measured v(n) alone)",
     )  # fmt: skip
     parser.add_argument(
@@ -81,7 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "cost_aware rows instead of one measured now: to test how learned costs recover from a bad profile",
     )  # fmt: skip
     parser.add_argument(
-        "--suffix-cache", default=None,
+        "--suffix-cache",
+        default=None,
         help="a suffix cache file (python -m specbench.drafters.suffix_seed): each --fallback row runs twice, "
         "its suffix drafter's global tree empty and seeded from the file (rows suffixed -seeded)",
     )
@@ -92,7 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--trees", default="",
         help="comma list of WIDTHxGAMMA: a row per entry for the (first) head drafting trees, a chain of GAMMA "
-        "drafts with its WIDTH - 1 next most likely tokens as leaves at each depth (docs/eagle3.md, tree drafts)",
+        "drafts with its WIDTH - 1 next most likely tokens as leaves at each depth (docs/eagle3.md, tree "
+        "drafts)",
     )  # fmt: skip
     parser.add_argument(
         "--suffix", action="store_true",
@@ -104,8 +112,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--dflash-gammas value; repeat it to compare drafters (rows named by the drafter's folder)",
     )  # fmt: skip
     parser.add_argument("--dflash-gammas", default="7", help="comma list of constant γ for the --dflash rows")
-    parser.add_argument("--out-dir", default=None, help="default: outputs/eagle3/TIME")
-    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -121,109 +127,166 @@ def tree_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.suffix_cache and not Path(args.suffix_cache).is_file():
-        raise SystemExit(f"--suffix-cache {args.suffix_cache}: no such file; write one with "
-                         "python -m specbench.drafters.suffix_seed SYNTH_DIR --out FILE")
-    torch.set_num_threads(args.threads)
-    out = out_dir(args.out_dir, "eagle3")
-    verifier, eos, pad, vocab = embedded_verifier(args.device, args.dtype)
-    tokenizer, model = verifier.tokenizer, verifier.model
-    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    common = {"settings": settings, "vocab_size": vocab, "eos_token_ids": eos, "pad_token_id": pad}
-    gammas = [int(g) for g in args.gammas.split(",") if g.strip()]
-
-    heads = args.head or [str(DEFAULT_HEAD)]
+def head_labels(heads: list[str]) -> dict[str, str]:
+    """Each head's row label: its folder's name, or its number when two folders share a name."""
     labels = {path: Path(path).parent.name for path in heads}
     if len(set(labels.values())) < len(heads):
         labels = {path: str(number) for number, path in enumerate(heads)}
-    profiles = {}
-    for path in heads:
-        profiles[path] = measure_profile(
-            verifier, load_eagle3_drafter(path, verifier, vocab), vocab, max(gammas, default=1) + 1, context_len=256, repeats=7
-        )
-        print(f"{path}:\n{profiles[path].table()}", file=sys.stderr)
-    profile = profiles[heads[0]]
+    return labels
 
-    runners = [engine_runner("autoregressive", SpeculativeEngine(model, None, **common))]
+
+def head_setups(args, verifier, vocab: int, heads: list[str], gammas: list[int]) -> list[Setup]:
+    """Early exit (unless --no-early-exit) and a row per head and γ."""
+    setups = []
     if not args.no_early_exit:
-        drafter = early_exit_drafter(model, 4)
-        runners.append(engine_runner(
-            "early-exit-4-g3", SpeculativeEngine(model, drafter, schedule=DraftSchedule("constant", 3), **common)
-        ))  # fmt: skip
+        drafter = ModelDrafter(early_exit_drafter(verifier.model, 4), vocab)
+        setups.append(Setup("early-exit-4-g3", drafter, DraftSchedule("constant", 3)))
+    labels = head_labels(heads)
     for path in heads:
         label = f"[{labels[path]}]" if len(heads) > 1 else ""
         for gamma in gammas:
-            runners.append(engine_runner(
-                f"eagle3{label}-g{gamma}",
-                SpeculativeEngine(model, load_eagle3_drafter(path, verifier, vocab),
-                                  schedule=DraftSchedule("constant", gamma), **common),
-            ))  # fmt: skip
-    dflash_gammas = [int(g) for g in args.dflash_gammas.split(",") if g.strip()] if args.dflash else []
-    for path in args.dflash or []:
-        from specbench.drafters.dflash.drafter import dflash_drafter
+            drafter = load_eagle3_drafter(path, verifier, vocab)
+            setups.append(Setup(f"eagle3{label}-g{gamma}", drafter, DraftSchedule("constant", gamma)))
+    return setups
 
-        label = f"[{Path(path).parent.name if Path(path).is_file() else Path(path).name}]" if len(args.dflash) > 1 else ""
+
+def dflash_setups(args, verifier, vocab: int, profiles: dict) -> list[Setup]:
+    """A row per --dflash drafter and --dflash-gammas value; each drafter's cost profile goes to
+    ``profiles``."""
+    from specbench.drafters.dflash.drafter import dflash_drafter
+
+    setups = []
+    for path in args.dflash or []:
+        label = ""
+        if len(args.dflash) > 1:
+            label = f"[{Path(path).parent.name if Path(path).is_file() else Path(path).name}]"
         profiles[f"dflash{label}"] = measure_profile(
-            verifier, dflash_drafter(path, verifier, vocab), vocab, max(dflash_gammas) + 1, context_len=256, repeats=7
+            verifier, dflash_drafter(path, verifier, vocab), vocab, max(dflash_gammas(args)) + 1, context_len=256,
+            repeats=7,
         )  # fmt: skip
         print(f"dflash {path}:\n{profiles[f'dflash{label}'].table()}", file=sys.stderr)
-        for gamma in dflash_gammas:
-            runners.append(engine_runner(
-                f"dflash{label}-g{gamma}",
-                SpeculativeEngine(model, dflash_drafter(path, verifier, vocab),
-                                  schedule=DraftSchedule("constant", gamma), **common),
-            ))  # fmt: skip
+        for gamma in dflash_gammas(args):
+            drafter = dflash_drafter(path, verifier, vocab)
+            setups.append(Setup(f"dflash{label}-g{gamma}", drafter, DraftSchedule("constant", gamma)))
+    return setups
+
+
+def dflash_gammas(args) -> list[int]:
+    return [int(g) for g in args.dflash_gammas.split(",") if g.strip()] if args.dflash else []
+
+
+def lookup_setups(args, verifier, vocab: int, head: str) -> list[Setup]:
+    """The suffix drafter alone (--suffix) and the first head's tree rows (--trees)."""
+    setups = []
     if args.suffix:
         seeded = {"cache_file": args.suffix_cache, "update_cache_file": False} if args.suffix_cache else {}
-        runners.append(engine_runner(
-            "suffix" + ("-seeded" if seeded else ""),
-            SpeculativeEngine(model, SuffixDrafter(num_speculative_tokens=FALLBACK_CAP, **seeded),
-                              schedule=DraftSchedule("constant", FALLBACK_CAP), **common),
-        ))  # fmt: skip
+        drafter = SuffixDrafter(num_speculative_tokens=FALLBACK_CAP, **seeded)
+        setups.append(
+            Setup("suffix" + ("-seeded" if seeded else ""), drafter, DraftSchedule("constant", FALLBACK_CAP))
+        )
     for width, gamma in tree_shapes(args.trees):
-        runners.append(engine_runner(
-            f"eagle3-tree-w{width}-g{gamma}",
-            SpeculativeEngine(model, load_eagle3_drafter(heads[0], verifier, vocab, tree_width=width),
-                              schedule=DraftSchedule("constant", gamma), **common),
-        ))  # fmt: skip
+        drafter = load_eagle3_drafter(head, verifier, vocab, tree_width=width)
+        setups.append(Setup(f"eagle3-tree-w{width}-g{gamma}", drafter, DraftSchedule("constant", gamma)))
+    return setups
+
+
+FALLBACK_SUFFIXES = {"constant": "", "cost_aware": "-ca", "cost_aware_profile": "-cap"}
+
+
+def fallback_setups(args, verifier, vocab: int, head: str) -> tuple[list[Setup], CostProfile | None, dict]:
+    """The suffix-then-head rows (--fallback × --fallback-widths × --fallback-schedules × seeded or not), the
+    cost profile pricing their cost_aware schedules, and the learning schedules by row."""
     schedules = [name for name in (n.strip() for n in args.fallback_schedules.split(",")) if name]
-    suffixes = {"constant": "", "cost_aware": "-ca", "cost_aware_profile": "-cap"}
-    if unknown := sorted(set(schedules) - set(suffixes)):
-        raise SystemExit(f"--fallback-schedules: unknown {unknown}; choose from {', '.join(suffixes)}")
-    fallback_profile, learning = None, {}
-    if args.fallback and {"cost_aware", "cost_aware_profile"} & set(schedules):  # v(n) up to the longest chain
+    if unknown := sorted(set(schedules) - set(FALLBACK_SUFFIXES)):
+        raise SystemExit(
+            f"--fallback-schedules: unknown {unknown}; choose from {', '.join(FALLBACK_SUFFIXES)}"
+        )
+    fallback_profile, learning, setups = None, {}, []
+    if args.fallback and {"cost_aware", "cost_aware_profile"} & set(
+        schedules
+    ):  # v(n) up to the longest chain
         if args.fallback_profile:
             fallback_profile = read_profile(args.fallback_profile)
         else:
-            fallback_profile = measure_profile(verifier, None, vocab, FALLBACK_CAP + 1, context_len=256, repeats=7)
+            fallback_profile = measure_profile(
+                verifier, None, vocab, FALLBACK_CAP + 1, context_len=256, repeats=7
+            )
         print(f"verification costs for the cost_aware rows:\n{fallback_profile.table()}", file=sys.stderr)
     for least in [int(m) for m in args.fallback.split(",") if m.strip()]:
         for width in [int(w) for w in args.fallback_widths.split(",") if w.strip()]:
             for name in schedules if width == 1 else ["constant"]:  # trees are not trimmed
                 for seed in [None, args.suffix_cache] if args.suffix_cache else [None]:
-                    schedule = (DraftSchedule("constant", FALLBACK_CAP) if name == "constant" else
-                                CostAwareSchedule(fallback_profile, FALLBACK_CAP, learn_costs=name == "cost_aware"))
-                    label = (f"suffix+eagle3-m{least}" + (f"-w{width}" if width > 1 else "") + suffixes[name]
-                             + ("-seeded" if seed else ""))
+                    schedule = (
+                        DraftSchedule("constant", FALLBACK_CAP)
+                        if name == "constant"
+                        else CostAwareSchedule(
+                            fallback_profile, FALLBACK_CAP, learn_costs=name == "cost_aware"
+                        )
+                    )
+                    label = (f"suffix+eagle3-m{least}" + (f"-w{width}" if width > 1 else "")
+                             + FALLBACK_SUFFIXES[name] + ("-seeded" if seed else ""))
                     if name == "cost_aware":
                         learning[label] = schedule
                     suffix = {"num_speculative_tokens": FALLBACK_CAP, "cache_file": seed}
-                    runners.append(engine_runner(
-                        label,
-                        SpeculativeEngine(model, suffix_then_eagle3(heads[0], verifier, vocab, min_lookup_tokens=least,
-                                                                    suffix=suffix, tree_width=width),
-                                          schedule=schedule, **common),
-                    ))  # fmt: skip
+                    drafter = suffix_then_eagle3(
+                        head, verifier, vocab, min_lookup_tokens=least, suffix=suffix, tree_width=width
+                    )
+                    setups.append(Setup(label, drafter, schedule))
+    return setups, fallback_profile, learning  # fmt: skip
+
+
+def print_costs(heads: list[str], profiles: dict, learning: dict, args) -> None:
+    for path in heads:
+        print(
+            f"head cost c = {profiles[path].c:.3f} (time per drafted token / one-token verifier forward): "
+            f"{path}"
+        )
+    gamma = max(dflash_gammas(args), default=0)
+    for name, cost in ((n, p.c) for n, p in profiles.items() if n.startswith("dflash")):
+        print(f"{name} cost c = {cost:.3f} per drafted token at γ {gamma} (one forward drafts them all: "
+              f"{cost * gamma:.2f} one-token verifier forwards per round)")  # fmt: skip
+    for label, s in learning.items():
+        verify, _ = s.costs.relative()
+        print(f"{label}: v(n) learned over {s.costs.rounds} rounds (load x{s.costs.load_scale:.2f} the profile's): "
+              + " ".join(f"{v:.2f}" for v in verify))  # fmt: skip
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.suffix_cache and not Path(args.suffix_cache).is_file():
+        raise SystemExit(f"--suffix-cache {args.suffix_cache}: no such file; write one with "
+                         "python -m specbench.drafters.suffix_seed SYNTH_DIR --out FILE")  # fmt: skip
+    torch.set_num_threads(args.threads)
+    out = out_dir(args.out_dir, "eagle3")
+    verifier, eos, pad, vocab = embedded_verifier(args.device, args.dtype)
+    tokenizer, model = verifier.tokenizer, verifier.model
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    gammas = [int(g) for g in args.gammas.split(",") if g.strip()]
+
+    heads = args.head or [str(DEFAULT_HEAD)]
+    profiles = {}
+    for path in heads:
+        profiles[path] = measure_profile(
+            verifier, load_eagle3_drafter(path, verifier, vocab), vocab, max(gammas, default=1) + 1, context_len=256,
+            repeats=7,
+        )  # fmt: skip
+        print(f"{path}:\n{profiles[path].table()}", file=sys.stderr)
+    setups = [Setup("autoregressive"), *head_setups(args, verifier, vocab, heads, gammas)]
+    setups += dflash_setups(args, verifier, vocab, profiles)
+    setups += lookup_setups(args, verifier, vocab, heads[0])
+    fallback, fallback_profile, learning = fallback_setups(args, verifier, vocab, heads[0])
+    runners = setup_runners(
+        model, setups + fallback, settings=settings, vocab_size=vocab, eos_token_ids=eos, pad_token_id=pad
+    )
     questions = heldout_questions(args.per_task)
     answers = run_all(runners, tokenizer, questions)
     figures = table(answers, "autoregressive")
     write_answer_files(out / "answers", answers)
     report = {
-        "head": heads[0], "heads": heads, "dflash": args.dflash, "suffix_cache": args.suffix_cache, "questions": len(questions), "max_new_tokens": args.max_new_tokens,
+        "head": heads[0], "heads": heads, "dflash": args.dflash, "suffix_cache": args.suffix_cache,
+        "questions": len(questions), "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature, "threads": args.threads, "device": str(model.device),
-        "dtype": str(model.dtype), "profile": profile.to_dict(),
+        "dtype": str(model.dtype), "profile": profiles[heads[0]].to_dict(),
         "fallback_profile": fallback_profile.to_dict() if fallback_profile else None,
         "profiles": {path: p.to_dict() for path, p in profiles.items()},
         "figures": figures,
@@ -231,15 +294,7 @@ def main(argv=None) -> int:
     }  # fmt: skip
     (out / "eagle3.json").write_text(json.dumps(report, indent=2) + "\n")
     print(format_table(figures))
-    for path in heads:
-        print(f"head cost c = {profiles[path].c:.3f} (time per drafted token / one-token verifier forward): {path}")
-    for name, cost in ((n, p.c) for n, p in profiles.items() if n.startswith("dflash")):
-        print(f"{name} cost c = {cost:.3f} per drafted token at γ {max(dflash_gammas)} (one forward drafts them all: "
-              f"{cost * max(dflash_gammas):.2f} one-token verifier forwards per round)")
-    for label, s in learning.items():
-        verify, _ = s.costs.relative()
-        print(f"{label}: v(n) learned over {s.costs.rounds} rounds (load x{s.costs.load_scale:.2f} the profile's): "
-              + " ".join(f"{v:.2f}" for v in verify))
+    print_costs(heads, profiles, learning, args)
     print(f"answers and figures: {out}")
     record_speed_run(args, "eagle3", answers, questions, report)
     if args.temperature > 0:

@@ -22,31 +22,31 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import benchmark_parser
+
 from specbench.data.prompts import load_jsonl
 from specbench.data.templates import encode_prompt
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine, VerificationRule
 from specbench.decoding.metrics import summarize
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.evaluation import eos_token_ids, pad_token_id
 from specbench.models import ModelSpec, load_verifier, shared_vocab_size, synchronize
 from specbench.pairs import load_drafter
-from specbench.results import add_record_options, bootstrap_interval, record_run
+from specbench.results import bootstrap_interval, record_run
 from specbench.results.record import figure
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--questions", required=True, help="Spec-Bench question.jsonl (or any prompt jsonl)")
-    parser.add_argument("--num-prompts", type=int, default=10)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser = benchmark_parser(
+        __doc__, questions={"required": True, "help": "Spec-Bench question.jsonl (or any prompt jsonl)"},
+        num_prompts=10, max_new_tokens=96, device="auto", dtype="float32", threads=None,
+    )  # fmt: skip
     parser.add_argument("--gamma", type=int, default=3)
     parser.add_argument("--drafter-layers", type=int, default=4, help="K of the early-exit drafter")
     parser.add_argument("--drafter", default=None, help="hub id / local path of a separate drafter instead")
     parser.add_argument("--verifier", default=None, help="hub id / local path (default: embedded SmolLM2)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is stable on a busy machine)")
     parser.add_argument("--json-out", default=None, help="also write the figures to this JSON file")
-    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -95,38 +95,25 @@ def main(argv=None) -> int:
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     schedule = DraftSchedule("constant", args.gamma)
     common = {"settings": settings, "vocab_size": vocab, "eos_token_ids": eos, "pad_token_id": pad}
-    ours_sd = SpeculativeEngine(verifier.model, drafter.model, VerificationRule(), schedule, **common)
+    ours_sd = SpeculativeEngine(
+        verifier.model, ModelDrafter(drafter.model, vocab), VerificationRule(), schedule, **common
+    )
     ours_ar = SpeculativeEngine(verifier.model, None, None, schedule, **common)
 
     device = verifier.model.device
     runners = {
         "hf_ar": lambda ids: (hf_generate(verifier.model, None, ids, args.max_new_tokens, eos, pad), None),
-        "hf_assisted": lambda ids: (hf_generate(verifier.model, drafter.model, ids, args.max_new_tokens, eos, pad),
-                                    None),
+        "hf_assisted": lambda ids: (
+            hf_generate(verifier.model, drafter.model, ids, args.max_new_tokens, eos, pad),
+            None,
+        ),
         "ours_ar": lambda ids: _ours(ours_ar, ids),
         "ours_sd": lambda ids: _ours(ours_sd, ids),
     }
     for run in runners.values():  # warm-up
         run(encoded[0][:32])
 
-    times = {name: [] for name in runners}
-    tokens = {name: [] for name in runners}
-    outputs = {name: [] for name in runners}
-    engine_results = []
-    for index, ids in enumerate(encoded):
-        for name, run in runners.items():
-            synchronize(device)
-            start = time.perf_counter()
-            out, result = run(ids)
-            synchronize(device)
-            times[name].append(time.perf_counter() - start)
-            tokens[name].append(len(out))
-            outputs[name].append(out)
-            if name == "ours_sd":
-                engine_results.append(result)
-        print(f"prompt {index + 1}/{len(encoded)}: " + ", ".join(
-            f"{n} {tokens[n][-1] / times[n][-1]:.1f} tok/s" for n in runners), file=sys.stderr)
-
+    times, tokens, outputs, engine_results = time_runners(runners, encoded, device)
     identical = all(outputs[name] == outputs["hf_ar"] for name in runners)
     mismatched = [name for name in runners if outputs[name] != outputs["hf_ar"]]
     figures = {name: _throughput(tokens[name], times[name]) for name in runners}
@@ -151,14 +138,42 @@ def main(argv=None) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
     record_run(
-        args, "engine_vs_hf", record_rows(report, tokens, times, outputs, _drafter_label(args, drafter)),
-        f"{Path(args.questions).parent.name}/{Path(args.questions).name}, first {len(encoded)}", len(encoded),
-        device=report["device"], dtype=report["dtype"].removeprefix("torch."), threads=torch.get_num_threads(),
+        args,
+        "engine_vs_hf",
+        record_rows(report, tokens, times, outputs, _drafter_label(args, drafter)),
+        f"{Path(args.questions).parent.name}/{Path(args.questions).name}, first {len(encoded)}",
+        len(encoded),
+        device=report["device"],
+        dtype=report["dtype"].removeprefix("torch."),
+        threads=torch.get_num_threads(),
         doc="docs/benchmarks.md#engine-vs-hf-transformers",
         notes=f"{report['verifier']} / {report['drafter']}, {args.max_new_tokens} new tokens, greedy; speedup "
         "against HF generate (autoregressive)",
     )
     return 0 if identical else 1
+
+
+def time_runners(runners: dict, encoded: list[list[int]], device) -> tuple[dict, dict, dict, list]:
+    """Every runner on every prompt in turn: seconds, output lengths and outputs per runner, and the engine
+    results of ``ours_sd``."""
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    tokens: dict[str, list[int]] = {name: [] for name in runners}
+    outputs: dict[str, list] = {name: [] for name in runners}
+    engine_results = []
+    for index, ids in enumerate(encoded):
+        for name, run in runners.items():
+            synchronize(device)
+            start = time.perf_counter()
+            out, result = run(ids)
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+            tokens[name].append(len(out))
+            outputs[name].append(out)
+            if name == "ours_sd":
+                engine_results.append(result)
+        print(f"prompt {index + 1}/{len(encoded)}: " + ", ".join(
+            f"{n} {tokens[n][-1] / times[n][-1]:.1f} tok/s" for n in runners), file=sys.stderr)  # fmt: skip
+    return times, tokens, outputs, engine_results
 
 
 def _drafter_label(args, drafter) -> str:
@@ -174,7 +189,8 @@ def record_rows(report: dict, tokens: dict[str, list[int]], times: dict[str, lis
                 outputs: dict[str, list], drafter: str) -> list[dict]:
     """Result-record rows, one per method: tokens/s (aggregate, with the median per prompt and a bootstrap
     interval over prompts), the speedup against HF generate (the same, per prompt paired) and, for the
-    engine's sd row, τ, acceptance, c, the predicted speedup S, efficiency and the share of time in forwards."""
+    engine's sd row, τ, acceptance, c, the predicted speedup S, efficiency and the share of time in
+    forwards."""
     gamma = report["gamma"]
     setups = {
         "hf_ar": "HF generate, autoregressive", "hf_assisted": f"HF assisted generation, {drafter}, γ={gamma}",
@@ -193,7 +209,9 @@ def record_rows(report: dict, tokens: dict[str, list[int]], times: dict[str, lis
             speed["interval"] = list(bootstrap_interval(own, _rate))
         if len(own) >= 2 and name != "hf_ar":
             paired = list(zip(own, base))
-            speedup["median"] = statistics.median((n / t) / (nb / tb) for (n, t), (nb, tb) in paired if t > 0 and tb > 0)
+            speedup["median"] = statistics.median(
+                (n / t) / (nb / tb) for (n, t), (nb, tb) in paired if t > 0 and tb > 0
+            )
             speedup["interval"] = list(bootstrap_interval(
                 paired, lambda xs: _rate([a for a, _ in xs]) / _rate([b for _, b in xs])))  # fmt: skip
         figures = {"tokens_per_s": speed, "speedup": speedup}
@@ -204,7 +222,9 @@ def record_rows(report: dict, tokens: dict[str, list[int]], times: dict[str, lis
                 if isinstance(engine.get(key), (int, float)) and engine[key] == engine[key]:
                     figures[label] = figure(engine[key])
             figures["forward_share"] = figure(100.0 * report["forward_time_share"], unit="%")
-        rows.append({"setup": setup, "figures": figures, "identical_outputs": outputs[name] == outputs["hf_ar"]})
+        rows.append(
+            {"setup": setup, "figures": figures, "identical_outputs": outputs[name] == outputs["hf_ar"]}
+        )
     return rows
 
 
@@ -229,9 +249,12 @@ def _print_report(report: dict) -> None:
         print(f"{name:<13}{fig['tokens_per_s']:>10.2f}{fig['median_tokens_per_s']:>10.2f}"
               f"{fig['tokens_per_s'] / base:>10.2f}")
     engine = report["engine"]
-    print(f"\nours_sd / hf_assisted = {report['ours_sd_vs_hf_assisted']:.2f}x   "
-          f"ours_ar / hf_ar = {report['ours_ar_vs_hf_ar']:.2f}x   identical outputs: {report['identical_outputs']}"
-          + (f" (mismatch: {report['mismatched']})" if report["mismatched"] else ""))
+    print(
+        f"\nours_sd / hf_assisted = {report['ours_sd_vs_hf_assisted']:.2f}x   "
+        f"ours_ar / hf_ar = {report['ours_ar_vs_hf_ar']:.2f}x   identical outputs: "
+        f"{report['identical_outputs']}"
+        + (f" (mismatch: {report['mismatched']})" if report["mismatched"] else "")
+    )
     print("engine: " + "  ".join(f"{k}={v:.3f}" for k, v in engine.items())
           + f"  forward_time_share={report['forward_time_share']:.3f}")
 

@@ -10,6 +10,7 @@ Answer files in Spec-Bench's format are written per runner.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -18,24 +19,62 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from specbench.data.dataset_sources import question_file
 from specbench.data.dataset_specs import MT_BENCH_CATEGORIES
 from specbench.data.dataset_subsets import in_subset
 from specbench.data.datasets import encode_messages
 from specbench.data.prompts import read_jsonl
-from specbench.decoding import SpeculativeEngine
-from specbench.evaluation import forgetting
-from specbench.results import add_record_options, record_run  # noqa: F401  (scripts import it from here)
+from specbench.results import add_record_options, record_run  # scripts import record_run from here
 from specbench.results.record import bootstrap_interval, figure
+
+if TYPE_CHECKING:  # pragma: no cover  (torch loads when a runner is built, so the parser stays torch-free)
+    import torch
+
+    from specbench.decoding import SpeculativeEngine
 
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 TASK_TITLES = {
     "mt_bench": "MT", "translation": "Trans", "summarization": "Summ", "qa": "QA",
     "math_reasoning": "Math", "rag": "RAG",
 }  # fmt: skip
+
+
+# The flags several scripts take, with their help; a script's benchmark_parser(...) call names the ones it
+# takes and their defaults.
+COMMON_FLAGS: dict[str, dict[str, Any]] = {
+    "questions": {"help": "Spec-Bench question.jsonl (or any prompt jsonl); default: Spec-Bench's"},
+    "per_task": {"type": int, "help": "held-out questions per Spec-Bench task"},
+    "per_category": {"type": int, "help": "prompts per category"},
+    "num_prompts": {"type": int, "help": "prompts to decode"},
+    "max_new_tokens": {"type": int, "help": "new tokens per answer"},
+    "threads": {"type": int, "help": "torch CPU threads (1 is stable on a busy machine)"},
+    "device": {"help": "cpu | cuda | auto"},
+    "dtype": {"help": "auto (as runtime.dtype=auto) | float32 | bfloat16 | float16"},
+    "seed": {"type": int, "help": "sampling seed"},
+    "out_dir": {"help": "where answer files go (default: outputs/NAME/TIME)"},
+}
+_NOT_TAKEN = object()
+
+
+def benchmark_parser(doc: str | None, **defaults: Any) -> argparse.ArgumentParser:
+    """The parser every benchmark script starts from: its docstring as the description, the result-record
+    options (``--no-record``, ``--results-dir``, ``--headline``) and each :data:`COMMON_FLAGS` flag named in
+    ``defaults`` (``per_task=3`` adds ``--per-task`` with default 3; a dict such as
+    ``dict(default=..., required=True, help=...)`` overrides more than the default). The script adds its own
+    flags to the returned parser."""
+    unknown = set(defaults) - set(COMMON_FLAGS)
+    if unknown:
+        raise ValueError(
+            f"no common benchmark flag {sorted(unknown)}; add it to COMMON_FLAGS or to the script"
+        )
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for key, value in defaults.items():
+        options = {**COMMON_FLAGS[key], **(value if isinstance(value, dict) else {"default": value})}
+        parser.add_argument(f"--{key.replace('_', '-')}", **options)
+    add_record_options(parser)
+    return parser
 
 
 def task_of(category: str) -> str:
@@ -62,6 +101,8 @@ class Runner:
 
 
 def engine_runner(name: str, engine: SpeculativeEngine) -> Runner:
+    from specbench.evaluation import forgetting
+
     def run(ids: list[int]) -> Decoded:
         engine.reseed(engine.settings.seed)
         result = engine.generate([ids])[0]
@@ -79,6 +120,26 @@ def engine_runner(name: str, engine: SpeculativeEngine) -> Runner:
     return Runner(name, run, warm)
 
 
+@dataclass
+class Setup:
+    """One row of a speed benchmark: its name, its drafter (None: autoregressive decoding) and draft schedule
+    (None: the engine's default). Scripts list their rows as setups; :func:`setup_runners` builds them."""
+
+    name: str
+    drafter: Any = None
+    schedule: Any = None
+
+
+def setup_runners(model, setups: Sequence[Setup], **common: Any) -> list[Runner]:
+    """An :func:`engine_runner` per setup, in order, on ``model`` with the shared engine arguments."""
+    from specbench.decoding import SpeculativeEngine
+
+    return [
+        engine_runner(setup.name, SpeculativeEngine(model, setup.drafter, schedule=setup.schedule, **common))
+        for setup in setups
+    ]
+
+
 def switched_runner(name: str, engine: SpeculativeEngine, switch: Callable[[], None]) -> Runner:
     """:func:`engine_runner` that calls ``switch()`` (e.g. puts a shared model on one of its forwards) before
     every decode, for rows that share one model in different configurations."""
@@ -94,8 +155,8 @@ def switched_runner(name: str, engine: SpeculativeEngine, switch: Callable[[], N
 def verify_ms_in_turn(
     setups: dict[str, tuple[torch.nn.Module, Callable[[], None], int]], vocab: int, max_n: int, rounds: int
 ) -> dict[str, list[float]]:
-    """Per setup (name -> (model, switch, cached tokens)), the median over ``rounds`` of the verifier forward's
-    ms for n = 1..max_n new tokens; the setups take turns in every round, each switched on first."""
+    """Per setup (name -> (model, switch, cached tokens)), the median over ``rounds`` of the verifier
+    forward's ms for n = 1..max_n new tokens; the setups take turns in every round, each switched on first."""
     from specbench.decoding.cost import measure_verify_ms
 
     timings: dict[str, list[list[float]]] = {name: [] for name in setups}
@@ -103,11 +164,18 @@ def verify_ms_in_turn(
         for name, (model, switch, context) in setups.items():
             switch()
             timings[name].append(measure_verify_ms(model, vocab, max_n, context_len=context, repeats=3))
-    return {name: [statistics.median(r[n] for r in rows) for n in range(max_n)] for name, rows in timings.items()}
+    return {
+        name: [statistics.median(r[n] for r in rows) for n in range(max_n)] for name, rows in timings.items()
+    }
 
 
-def hf_runner(name: str, model, max_new_tokens: int, eos: Sequence[int], pad: int, **generate_kwargs) -> Runner:
-    """HF ``generate`` (greedy) with a forward counter on the verifier, e.g. ``prompt_lookup_num_tokens=10``."""
+def hf_runner(
+    name: str, model, max_new_tokens: int, eos: Sequence[int], pad: int, **generate_kwargs
+) -> Runner:
+    """HF ``generate`` (greedy) with a forward counter on the verifier, e.g.
+    ``prompt_lookup_num_tokens=10``."""
+    import torch
+
     calls = {"n": 0}
 
     def count(module, args, kwargs):
@@ -115,15 +183,15 @@ def hf_runner(name: str, model, max_new_tokens: int, eos: Sequence[int], pad: in
 
     model.register_forward_pre_hook(count, with_kwargs=True)
 
-    @torch.no_grad()
     def run(ids: list[int]) -> Decoded:
         calls["n"] = 0
         x = torch.tensor([ids], device=model.device)
         start = time.perf_counter()
-        out = model.generate(
-            x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
-            eos_token_id=list(eos), pad_token_id=pad, **generate_kwargs,
-        )  # fmt: skip
+        with torch.no_grad():
+            out = model.generate(
+                x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
+                eos_token_id=list(eos), pad_token_id=pad, **generate_kwargs,
+            )  # fmt: skip
         wall = time.perf_counter() - start
         return Decoded(out[0, len(ids):].tolist(), wall, calls["n"])
 
@@ -151,7 +219,9 @@ def first_turn_ids(tokenizer, question: dict) -> list[int]:
     return encode_messages(tokenizer, [{"role": "user", "content": question["turns"][0]}])[0]
 
 
-def run_all(runners: list[Runner], tokenizer, questions: list[dict], progress: bool = True) -> dict[str, list[dict]]:
+def run_all(
+    runners: list[Runner], tokenizer, questions: list[dict], progress: bool = True
+) -> dict[str, list[dict]]:
     """Answers of every runner, per question, in rotating order; each runner warmed up first."""
     first = first_turn_ids(tokenizer, questions[0])
     for runner in runners:
@@ -167,7 +237,8 @@ def run_all(runners: list[Runner], tokenizer, questions: list[dict], progress: b
                 "answer_id": uuid.uuid4().hex, "model_id": runner.name, "tstamp": time.time(),
                 "output_ids": decoded.output_ids,
                 "choices": [{
-                    "index": 0, "turns": [tokenizer.decode(decoded.output_ids, skip_special_tokens=True).strip()],
+                    "index": 0,
+                    "turns": [tokenizer.decode(decoded.output_ids, skip_special_tokens=True).strip()],
                     "decoding_steps": [decoded.steps], "new_tokens": [len(decoded.output_ids)],
                     "wall_time": [decoded.wall_time], "accept_lengths": decoded.accept_lengths,
                     "drafted": decoded.drafted, "accepted": decoded.accepted,
@@ -186,7 +257,10 @@ def write_answer_files(out_dir: Path, answers: dict[str, list[dict]]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, rows in answers.items():
         path = out_dir / f"{name}.jsonl"
-        lines = [json.dumps({k: v for k, v in row.items() if k != "output_ids"}, ensure_ascii=False) for row in rows]
+        lines = [
+            json.dumps({k: v for k, v in row.items() if k != "output_ids"}, ensure_ascii=False)
+            for row in rows
+        ]
         path.write_text("\n".join(sorted(lines, key=lambda line: json.loads(line)["question_id"])) + "\n")
 
 
@@ -217,7 +291,8 @@ def table(answers: dict[str, list[dict]], baseline: str) -> dict[str, dict[str, 
                 # the median of the per-question ratios is the figure an outlier cannot move.
                 "speedup": speed / statistics.mean(_speed(r) for r in base),
                 "median_speedup": statistics.median(ratios),
-                "identical": sum(r["output_ids"] == b["output_ids"] for r, b in zip(picked, base)) / len(picked),
+                "identical": sum(r["output_ids"] == b["output_ids"] for r, b in zip(picked, base))
+                / len(picked),
                 "questions": len(picked),
             }
     return result
@@ -257,12 +332,14 @@ def decode_and_report(runners: list[Runner], tokenizer, questions: list[dict], o
     return figures
 
 
-def record_speed_run(args, name: str, answers: dict[str, list[dict]], questions: list[dict], report: dict) -> None:
+def record_speed_run(
+    args, name: str, answers: dict[str, list[dict]], questions: list[dict], report: dict
+) -> None:
     """The result record of a side-by-side speed run (:func:`speed_rows`) on held-out Spec-Bench questions."""
     greedy = float(report.get("temperature", 0.0) or 0.0) == 0.0
     record_run(args, name, speed_rows(answers, "autoregressive", greedy), "spec_bench heldout (first turn)",
-               len(questions), device=str(report.get("device", "cpu")), dtype=str(report.get("dtype", "float32")),
-               threads=report.get("threads"))  # fmt: skip
+               len(questions), device=str(report.get("device", "cpu")),
+               dtype=str(report.get("dtype", "float32")), threads=report.get("threads"))  # fmt: skip
 
 
 def _ratio_of_means(pairs: Sequence[tuple[float, float]]) -> float:
@@ -270,7 +347,9 @@ def _ratio_of_means(pairs: Sequence[tuple[float, float]]) -> float:
     return statistics.mean(s for s, _ in pairs) / max(statistics.mean(b for _, b in pairs), 1e-9)
 
 
-def speed_rows(answers: dict[str, list[dict]], baseline: str = "autoregressive", greedy: bool = True) -> list[dict]:
+def speed_rows(
+    answers: dict[str, list[dict]], baseline: str = "autoregressive", greedy: bool = True
+) -> list[dict]:
     """Result-record rows of a :func:`run_all` run: per runner its speedup against ``baseline`` (Spec-Bench's
     ratio of mean tokens/s, with the median per-question ratio and a bootstrap interval over questions), τ
     and tokens/s; ``identical_outputs`` only for greedy runs (sampled outputs differ by design)."""
@@ -278,7 +357,10 @@ def speed_rows(answers: dict[str, list[dict]], baseline: str = "autoregressive",
     rows = []
     for name, answered in answers.items():
         pairs = [(_speed(r), _speed(reference[r["question_id"]])) for r in answered]
-        taus = [sum(r["choices"][0]["new_tokens"]) / max(sum(r["choices"][0]["decoding_steps"]), 1) for r in answered]
+        taus = [
+            sum(r["choices"][0]["new_tokens"]) / max(sum(r["choices"][0]["decoding_steps"]), 1)
+            for r in answered
+        ]
         tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in answered)
         steps = sum(sum(r["choices"][0]["decoding_steps"]) for r in answered)
         figures = {"tokens_per_s": figure(statistics.mean(s for s, _ in pairs), [s for s, _ in pairs])}
@@ -317,7 +399,9 @@ def round_figures(answered: list[dict]) -> dict[str, dict]:
     choices = [row["choices"][0] for row in answered]
     if not any(c.get("drafted") for c in choices):
         return {}
-    out = {f"acc_pos{k + 1}": figure(a) for k, a in enumerate(acceptance_by_position(answered)) if a is not None}
+    out = {
+        f"acc_pos{k + 1}": figure(a) for k, a in enumerate(acceptance_by_position(answered)) if a is not None
+    }
     drafting = sum(c.get("draft_time", 0.0) for c in choices)
     total = drafting + sum(c.get("verify_time", 0.0) for c in choices)
     if total > 0:

@@ -21,16 +21,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
-    add_record_options,
+    Setup,
     all_identical,
+    benchmark_parser,
     decode_and_report,
-    engine_runner,
     heldout_questions,
     hf_runner,
     out_dir,
+    setup_runners,
 )
 
-from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
+from specbench.decoding import DraftSchedule, GenerationSettings
 from specbench.decoding.cost import CostProfile, measure_verify_ms
 from specbench.decoding.cost_aware import CostAwareSchedule
 from specbench.drafters.ngram import NgramDrafter
@@ -41,14 +42,14 @@ from specbench.models import ModelSpec, load_verifier
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--per-task", type=int, default=5, help="held-out questions per Spec-Bench task")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = benchmark_parser(
+        __doc__, per_task=5, max_new_tokens=128, threads=1,
+        out_dir={"default": None, "help": "default: outputs/model_free/TIME"},
+    )  # fmt: skip
     parser.add_argument("--max-gamma", type=int, default=10, help="longest draft of the cost-aware rows")
-    parser.add_argument("--only", default=None, help="comma list of runner names to keep (plus autoregressive)")
-    parser.add_argument("--out-dir", default=None, help="default: outputs/model_free/TIME")
-    add_record_options(parser)
+    parser.add_argument(
+        "--only", default=None, help="comma list of runner names to keep (plus autoregressive)"
+    )
     return parser.parse_args(argv)
 
 
@@ -79,21 +80,20 @@ def main(argv=None) -> int:
                           threads=args.threads, context_len=384)
     print(profile.table(), f"\n(profile measured in {time.perf_counter() - started:.1f} s)", file=sys.stderr)
 
-    runners = [engine_runner("autoregressive", SpeculativeEngine(model, None, **common))]
-    runners += [
+    lookups = [
+        setup
+        for name, (factory, gamma) in lookup_drafters(args.max_gamma).items()
+        for setup in (Setup(f"{name}-g{gamma}", factory(), DraftSchedule("constant", gamma)),
+                      Setup(f"{name}+cost", factory(), CostAwareSchedule(profile, args.max_gamma)))
+    ]  # fmt: skip
+    runners = [
+        *setup_runners(model, [Setup("autoregressive")], **common),
         hf_runner("hf-pld-10", model, args.max_new_tokens, eos, pad, prompt_lookup_num_tokens=10,
                   max_matching_ngram_size=2),
         hf_runner("hf-pld-4", model, args.max_new_tokens, eos, pad, prompt_lookup_num_tokens=4,
                   max_matching_ngram_size=2),
+        *setup_runners(model, lookups, **common),
     ]  # fmt: skip
-    for name, (factory, gamma) in lookup_drafters(args.max_gamma).items():
-        runners.append(engine_runner(
-            f"{name}-g{gamma}", SpeculativeEngine(model, factory(), schedule=DraftSchedule("constant", gamma), **common)
-        ))  # fmt: skip
-        runners.append(engine_runner(
-            f"{name}+cost", SpeculativeEngine(model, factory(), schedule=CostAwareSchedule(profile, args.max_gamma),
-                                              **common)
-        ))  # fmt: skip
     if args.only:
         keep = {"autoregressive", *args.only.split(",")}
         runners = [r for r in runners if r.name in keep]

@@ -1,4 +1,5 @@
-"""Verification rules side by side at T = 1: speed, acceptance and a quality signal, one drafter, one verifier.
+"""Verification rules side by side at T = 1: speed, acceptance and a quality signal, one drafter, one
+verifier.
 
 The embedded SmolLM2-135M-Instruct verifier (CPU, float32 by default) and one drafter decode the first
 turn of held-out Spec-Bench questions (``harness.heldout_questions``) at temperature 1 with every row
@@ -30,7 +31,8 @@ Output (``--out-dir``, default outputs/rules/TIME): ``rules.json`` (all figures,
 ``rules.png`` (quality vs acceptance rate, one labelled point per row).
 
     OMP_NUM_THREADS=1 python benchmarks/rules.py --drafter eagle3 \
-        --head checkpoints/eagle3-smollm2-135m/trained.pt --per-task 3 --max-new-tokens 96 --gamma 4 --seeds 0,1
+        --head checkpoints/eagle3-smollm2-135m/trained.pt --per-task 3 --max-new-tokens 96 --gamma 4 --seeds
+        0,1
 
 Default drafter: that EAGLE-3 head if the file exists, else the verifier's first 4 layers (early exit).
 Smoke run: ``--drafter early-exit --layers 4 --per-task 1 --limit 2 --max-new-tokens 12 --seeds 0
@@ -49,6 +51,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -58,7 +61,7 @@ from harness import (
     TASKS,
     Decoded,
     Runner,
-    add_record_options,
+    benchmark_parser,
     first_turn_ids,
     format_table,
     heldout_questions,
@@ -111,9 +114,10 @@ FAMILY_STYLE = {  # colour, marker
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = benchmark_parser(
+        __doc__, per_task=3, max_new_tokens=96, threads=1, device="cpu", dtype="float32",
+        out_dir={"default": None, "help": "default: outputs/rules/TIME"},
+    )  # fmt: skip
     parser.add_argument(
         "--drafter",
         choices=("eagle3", "early-exit"),
@@ -124,27 +128,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--head", default=str(DEFAULT_HEAD), help="EAGLE-3 head (trained.pt of method=eagle3)"
     )
     parser.add_argument("--layers", type=int, default=4, help="early-exit drafter depth K")
-    parser.add_argument("--per-task", type=int, default=3, help="held-out questions per Spec-Bench task")
     parser.add_argument(
         "--limit", type=int, default=None, help="cap on questions in all (taken round-robin over tasks)"
     )
-    parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--gamma", type=int, default=4, help="constant draft length")
     parser.add_argument(
         "--seeds", default="0,1", help="comma list; every row decodes every question per seed"
     )
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--only",
         default=None,
         help="comma list of row or method names (autoregressive "
         f"always runs); rows: {', '.join(r.name for r in ROWS)}",
     )
-    parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
-    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
-    parser.add_argument("--out-dir", default=None, help="default: outputs/rules/TIME")
     parser.add_argument("--no-plot", action="store_true")
-    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -312,7 +309,9 @@ def record_rows(merged: dict[str, list[dict]], records: dict[str, list[dict]], s
         if s["deferred_per_round"] is not None:
             figures["deferred_per_round"] = figure(s["deferred_per_round"])
         described = {k: v for k, v in rules[name].items() if k != "rule"}
-        row["notes"] = f"rule {rules[name].get('rule', 'auto')}" + (f" {json.dumps(described)}" if described else "")
+        row["notes"] = f"rule {rules[name].get('rule', 'auto')}" + (
+            f" {json.dumps(described)}" if described else ""
+        )
     return rows
 
 
@@ -431,86 +430,88 @@ def plot(path: Path, summary: dict[str, dict], specs: dict[str, RowSpec], title:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    if not seeds:
-        raise SystemExit("--seeds: give at least one seed")
-    specs = {r.name: r for r in select_rows(args.only)}
-    out = out_dir(args.out_dir, "rules")
-
+def drafter_factory(args, verifier, vocab: int) -> tuple[str, Callable[[], Any]]:
+    """The drafter every speculative row decodes with (a fresh one per row) and how the report names it."""
     drafter_kind = args.drafter or ("eagle3" if Path(args.head).is_file() else "early-exit")
-    verifier = load_verifier(ModelSpec(kind="embedded"), args.device, args.dtype)
-    tokenizer, model = verifier.tokenizer, verifier.model
-    eos = eos_token_ids(model, tokenizer)
-    pad = pad_token_id(tokenizer, eos)
-    vocab = min(len(tokenizer), model.get_output_embeddings().weight.shape[0])
     if drafter_kind == "eagle3":
-        from specbench.drafters.eagle3_format import load_eagle3_drafter
+        from specbench.drafters.eagle3.format import load_eagle3_drafter
 
-        drafter_label = f"eagle3 head {args.head}"
+        label = f"eagle3 head {args.head}"
 
         def make_drafter():
             return load_eagle3_drafter(args.head, verifier, vocab)
     else:
+        from specbench.decoding.model_drafter import ModelDrafter
         from specbench.models.early_exit import early_exit_drafter
 
-        drafter_label = f"early-exit, first {args.layers} layers of the verifier"
+        label = f"early-exit, first {args.layers} layers of the verifier"
 
         def make_drafter():
-            return early_exit_drafter(model, args.layers)
+            return ModelDrafter(early_exit_drafter(verifier.model, args.layers), vocab)
 
     how = (
         ""
         if args.drafter
         else f" (default: {args.head} {'found' if drafter_kind == 'eagle3' else 'not found'})"
     )
-    print(f"drafter: {drafter_label}{how}", file=sys.stderr)
+    print(f"drafter: {label}{how}", file=sys.stderr)
+    return label, make_drafter
 
-    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=1.0)
-    common = {"settings": settings, "vocab_size": vocab, "eos_token_ids": eos, "pad_token_id": pad}
-    engines: dict[str, SpeculativeEngine] = {}
-    counters: dict[str, DeferralCounter] = {}
-    rules: dict[str, dict] = {}
-    problems: list[str] = []
+
+@dataclass
+class RuleEngines:
+    """One engine per row that could be built, the FLy rows' deferral counters, each row's rule description
+    and the rows that could not be built (with why)."""
+
+    engines: dict[str, SpeculativeEngine]
+    counters: dict[str, DeferralCounter]
+    rules: dict[str, dict]
+    problems: list[str]
+
+
+def build_rule_engines(
+    specs: dict[str, RowSpec], model, make_drafter, common: dict, gamma: int
+) -> RuleEngines:
+    built = RuleEngines({}, {}, {}, [])
     for name, spec in specs.items():
         if spec.method == "auto":
-            engines[name] = SpeculativeEngine(model, None, **common)
-            rules[name] = {"rule": "auto"}
+            built.engines[name] = SpeculativeEngine(model, None, **common)
+            built.rules[name] = {"rule": "auto"}
             continue
         params = {**method_defaults(spec.method), **spec.params}
         try:
             rule = build_rule(spec.method, **params)
             engine = SpeculativeEngine(
-                model, make_drafter(), rule=rule, schedule=DraftSchedule("constant", args.gamma), **common
+                model, make_drafter(), rule=rule, schedule=DraftSchedule("constant", gamma), **common
             )
         except ValueError as error:
-            problems.append(f"{name}: {error}")
+            built.problems.append(f"{name}: {error}")
             print(f"skipping row {name}: {error}", file=sys.stderr)
             continue
-        engines[name] = engine
-        rules[name] = rule.describe()
+        built.engines[name] = engine
+        built.rules[name] = rule.describe()
         if isinstance(rule, FlyRule):
-            counters[name] = DeferralCounter(rule)
-    specs = {n: s for n, s in specs.items() if n in engines}
+            built.counters[name] = DeferralCounter(rule)
+    return built
 
-    questions = pick_questions(args.per_task, args.limit)
-    print(
-        f"{len(questions)} questions x {len(seeds)} seeds x {len(engines)} rows, T = 1, gamma = {args.gamma}, "
-        f"max_new_tokens = {args.max_new_tokens}",
-        file=sys.stderr,
-    )
+
+def decode_seeds(
+    built: RuleEngines, seeds: list[int], tokenizer, model, questions: list[dict], vocab: int
+) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    """Every row over every question once per seed: the answer rows (question ids suffixed by the seed) and
+    the per-sample records (tokens, verifier log-prob, rounds, drafts, deferrals, wall time)."""
     prompts = {q["question_id"]: first_turn_ids(tokenizer, q) for q in questions}
     current = {"seed": seeds[0]}
-    merged: dict[str, list[dict]] = {name: [] for name in engines}
-    records: dict[str, list[dict]] = {name: [] for name in engines}
+    merged: dict[str, list[dict]] = {name: [] for name in built.engines}
+    records: dict[str, list[dict]] = {name: [] for name in built.engines}
     for number, seed in enumerate(seeds):
         current["seed"] = seed
-        logs: dict[str, list[Sample]] = {name: [] for name in engines}
+        logs: dict[str, list[Sample]] = {name: [] for name in built.engines}
         runners = [
-            rule_runner(name, engine, lambda: current["seed"], logs[name], counters.get(name), number == 0)
-            for name, engine in engines.items()
+            rule_runner(
+                name, engine, lambda: current["seed"], logs[name], built.counters.get(name), number == 0
+            )
+            for name, engine in built.engines.items()
         ]
         print(f"seed {seed}", file=sys.stderr)
         answers = run_all(runners, tokenizer, questions)
@@ -526,22 +527,26 @@ def main(argv=None) -> int:
                     "wall_time": row["choices"][0]["wall_time"][0],
                 })  # fmt: skip
                 merged[name].append({**row, "question_id": f"{qid}/seed{seed}"})
+    return merged, records
 
-    figures = table(merged, BASELINE)
-    summary = summarise(records, figures)
-    block_vs_sd = None
-    if "block" in summary and "sd" in summary:
-        b, s = summary["block"], summary["sd"]
-        block_vs_sd = {
-            "tau": ratio(b["tau"], s["tau"]),
-            "acceptance": ratio(b["acceptance"], s["acceptance"]),
-            "tokens_per_s": ratio(b["tokens_per_s"], s["tokens_per_s"]),
-        }
 
+def block_against_sd(summary: dict) -> dict | None:
+    """The block rule's τ, acceptance and tokens/s as ratios to sd's (None unless both rows ran)."""
+    if "block" not in summary or "sd" not in summary:
+        return None
+    b, s = summary["block"], summary["sd"]
+    return {
+        "tau": ratio(b["tau"], s["tau"]),
+        "acceptance": ratio(b["acceptance"], s["acceptance"]),
+        "tokens_per_s": ratio(b["tokens_per_s"], s["tokens_per_s"]),
+    }
+
+
+def print_results(figures, summary, built: RuleEngines, specs, block_vs_sd, questions, seeds) -> None:
     print()
     print(format_table(figures))
     print()
-    print(format_summary(summary, rules))
+    print(format_summary(summary, built.rules))
     print()
     for line in exactness_lines(summary, specs):
         print(line)
@@ -552,8 +557,43 @@ def main(argv=None) -> int:
             f"{block_vs_sd['acceptance']:.3f}, tokens/s ratio {block_vs_sd['tokens_per_s']:.3f} "
             "(Sun et al.: +5-8 % wall-clock)"
         )
-    for problem in problems:
+    for problem in built.problems:
         print(f"row not run: {problem}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if not seeds:
+        raise SystemExit("--seeds: give at least one seed")
+    specs = {r.name: r for r in select_rows(args.only)}
+    out = out_dir(args.out_dir, "rules")
+
+    verifier = load_verifier(ModelSpec(kind="embedded"), args.device, args.dtype)
+    tokenizer, model = verifier.tokenizer, verifier.model
+    eos = eos_token_ids(model, tokenizer)
+    vocab = min(len(tokenizer), model.get_output_embeddings().weight.shape[0])
+    drafter_label, make_drafter = drafter_factory(args, verifier, vocab)
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=1.0)
+    pad = pad_token_id(tokenizer, eos)
+    common = {"settings": settings, "vocab_size": vocab, "eos_token_ids": eos, "pad_token_id": pad}
+    built = build_rule_engines(specs, model, make_drafter, common, args.gamma)
+    engines, rules, problems = built.engines, built.rules, built.problems
+    specs = {n: s for n, s in specs.items() if n in engines}
+
+    questions = pick_questions(args.per_task, args.limit)
+    print(
+        f"{len(questions)} questions x {len(seeds)} seeds x {len(engines)} rows, T = 1, gamma = "
+        f"{args.gamma}, "
+        f"max_new_tokens = {args.max_new_tokens}",
+        file=sys.stderr,
+    )
+    merged, records = decode_seeds(built, seeds, tokenizer, model, questions, vocab)
+    figures = table(merged, BASELINE)
+    summary = summarise(records, figures)
+    block_vs_sd = block_against_sd(summary)
+    print_results(figures, summary, built, specs, block_vs_sd, questions, seeds)
 
     out.mkdir(parents=True, exist_ok=True)
     title = (
@@ -583,7 +623,7 @@ def main(argv=None) -> int:
         doc="docs/rules-block-and-fly.md#benchmark",
         notes=f"T = 1, gamma {args.gamma}, drafter {drafter_label}, {args.max_new_tokens} new tokens; log-likelihood "
         "per token under the verifier at T = 1" + "".join(f"; row not run: {p}" for p in problems),
-    )
+    )  # fmt: skip
     return 0
 
 

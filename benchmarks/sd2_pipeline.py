@@ -41,7 +41,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specbench.results import add_record_options, record_run
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import benchmark_parser
+
+from specbench.results import record_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TAPS = "[2,15,27]"  # SmolLM2 has 30 layers: low, mid, high as SD²'s [3, 16, 29] of 32 (and EAGLE-3's taps)
@@ -60,7 +63,10 @@ DRAFTERS = {
     "sd2-frozen": ["method=sd2", "steering=sd2", "steering.checkpoint={out}/sd2-frozen/trained.pt"],
 }
 
-TRAINED_BY = {"distilled": "distill", **{name: name for name in TRAININGS if name != "distill"}}  # drafter -> run
+TRAINED_BY = {
+    "distilled": "distill",
+    **{name: name for name in TRAININGS if name != "distill"},
+}  # drafter -> run
 LABELS = {"pretrained": "pretrained", "distilled": "distilled", "sd2": "SD²", "sd2-simple": "SD² simple",
           "sd2-frozen": "SD² frozen"}  # the drafters' names in the result record  # fmt: skip
 
@@ -119,11 +125,13 @@ class Runner:
         print(f"step {step.name} done in {self.timings[step.name]:.0f} s", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "sd2-pipeline")
     parser.add_argument("--data", type=Path, help="an existing task=synth dataset (skips synth)")
-    parser.add_argument("--synth-prompts", type=int, default=256, help="training-part Spec-Bench prompts to sample")
+    parser.add_argument(
+        "--synth-prompts", type=int, default=256, help="training-part Spec-Bench prompts to sample"
+    )
     parser.add_argument("--responses-per-prompt", type=int, default=4)
     parser.add_argument("--feature-cache", type=Path, help="verifier-feature cache (default OUT/features)")
     parser.add_argument("--draft-vocab-size", type=int, default=8192, help="0: the full vocabulary")
@@ -132,60 +140,88 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=12, help="held-out prompts per evaluation")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of the T = 1 evaluations")
     parser.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--speed-gammas", default="", help="also decode greedy at these γ (comma list) with the "
-                        "distilled and SD² drafters: the speed rows (τ is compared at the preset's γ)")
+    parser.add_argument(
+        "--speed-gammas",
+        default="",
+        help="also decode greedy at these γ (comma list) with the "
+        "distilled and SD² drafters: the speed rows (τ is compared at the preset's γ)",
+    )
     parser.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32",
                         help="dtype of the evaluations (bfloat16: the row-invariant CPU forwards)")
     parser.add_argument("--jobs", type=int, default=1, help="steps run at once (one torch thread each)")
     parser.add_argument("--budget-min", type=float, help="start no new step after this many minutes")
-    parser.add_argument("--plot", type=Path, help="also write the figure here (it is always OUT/sd2_study.png)")
+    parser.add_argument(
+        "--plot", type=Path, help="also write the figure here (it is always OUT/sd2_study.png)"
+    )
     parser.add_argument("extra", nargs="*", help="more launch.py overrides for every step")
-    add_record_options(parser)
-    args = parser.parse_args()
-    out = args.out.resolve()
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    runner = Runner(out, args.jobs, None if args.budget_min is None else args.budget_min * 60)
-    data = args.data.resolve() if args.data else out / "synth"
-    cache = (args.feature_cache or out / "features").resolve()
-    trainings = [t for t in args.trainings.split(",") if t]
-    unknown = sorted(set(trainings) - set(TRAININGS))
-    if unknown:
-        sys.exit(f"--trainings: unknown {unknown}; choose from {','.join(TRAININGS)}")
+    return parser.parse_args(argv)  # fmt: skip
 
-    common = ["runtime.num_threads=1", f"steering.v_layers={TAPS}", *args.extra]
-    vocab = ([f"model.drafter.draft_vocab={data}", f"model.drafter.draft_vocab_size={args.draft_vocab_size}"]
-             if args.draft_vocab_size else [])
+
+@dataclass
+class Study:
+    """Where the study writes and the overrides every step shares."""
+
+    args: argparse.Namespace
+    out: Path
+    data: Path
+    cache: Path
+    trainings: list[str]
+    common: list[str]
+    vocab: list[str]
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Study:
+        out = args.out.resolve()
+        data = args.data.resolve() if args.data else out / "synth"
+        trainings = [t for t in args.trainings.split(",") if t]
+        unknown = sorted(set(trainings) - set(TRAININGS))
+        if unknown:
+            sys.exit(f"--trainings: unknown {unknown}; choose from {','.join(TRAININGS)}")
+        vocab = ([f"model.drafter.draft_vocab={data}", f"model.drafter.draft_vocab_size={args.draft_vocab_size}"]
+                 if args.draft_vocab_size else [])  # fmt: skip
+        common = ["runtime.num_threads=1", f"steering.v_layers={TAPS}", *args.extra]
+        return cls(
+            args, out, data, (args.feature_cache or out / "features").resolve(), trainings, common, vocab
+        )
+
+
+def synth_and_train(study: Study, runner: Runner) -> None:
+    """Sample the dataset (unless --data) and train every drafter of --trainings; the first training builds
+    the feature cache (unless it exists), the others then reuse it."""
+    args, out, data = study.args, study.out, study.data
     if not args.data:
         runner.run([Step("synth", [
             "task=synth", "dataset.subset=train", f"dataset.limit={args.synth_prompts}", "synth.temperature=1.0",
             f"synth.responses_per_prompt={args.responses_per_prompt}", f"synth.output_dir={data}",
-            f"hydra.run.dir={out / 'hydra' / 'synth'}", *common,
-        ], data / "dataset")])
+            f"hydra.run.dir={out / 'hydra' / 'synth'}", *study.common,
+        ], data / "dataset")])  # fmt: skip
     if not (data / "dataset").exists() and not (data / "dataset_dict.json").exists():
         sys.exit(f"no synthetic dataset at {data}: see {out / 'logs' / 'synth.log'}")
-
-    # The first run builds the feature cache (unless it exists); the others then reuse it.
     train_steps = [
         Step(f"train_{name}", [
-            "task=train", *TRAININGS[name], f"train.data={data}", f"train.feature_cache={cache}",
+            "task=train", *TRAININGS[name], f"train.data={data}", f"train.feature_cache={study.cache}",
             "train.feature_top_k=64", f"train.max_steps={args.steps}", f"train.output_dir={out / name}",
-            f"hydra.run.dir={out / 'hydra' / name}", *vocab, *common,
+            f"hydra.run.dir={out / 'hydra' / name}", *study.vocab, *study.common,
         ], out / name / "trained.pt")
-        for name in trainings
-    ]
-    if train_steps and not (cache / "features.json").exists():
+        for name in study.trainings
+    ]  # fmt: skip
+    if train_steps and not (study.cache / "features.json").exists():
         runner.run(train_steps[:1])
     runner.run(train_steps)
 
+
+def evaluate(study: Study, runner: Runner) -> tuple[list[dict], list[dict]]:
+    """Every drafter at every (temperature, seed) and the speed rows at --speed-gammas: their metrics."""
+    args, out = study.args, study.out
     tag = "" if args.eval_dtype == "float32" else "-bf16"
     settings = ([(0.0, 0)] if args.greedy else []) + [(1.0, int(s)) for s in args.seeds.split(",") if s]
-    drafters = [d for d in DRAFTERS if d == "pretrained" or TRAINED_BY[d] in trainings]
+    drafters = [d for d in DRAFTERS if d == "pretrained" or TRAINED_BY[d] in study.trainings]
 
     def evaluation(drafter: str, run: Path, overrides: list[str]) -> Step:
         return Step(f"eval_{run.name}", [
             *[o.format(out=out) for o in DRAFTERS[drafter]], *overrides, f"dataset.limit={args.eval_prompts}",
             f"eval.output_dir={run}", f"hydra.run.dir={out / 'hydra' / run.name}", f"runtime.dtype={args.eval_dtype}",
-            *vocab, *common,
+            *study.vocab, *study.common,
         ], run / "metrics.json", after=[] if drafter == "pretrained" else [f"train_{TRAINED_BY[drafter]}"])  # fmt: skip
 
     speed_gammas = [int(g) for g in args.speed_gammas.split(",") if g]
@@ -199,11 +235,28 @@ def main() -> None:
 
     def measured(drafter: str, name: str, temperature: float) -> list[dict]:
         path = out / "eval" / name / "metrics.json"
-        return [{**json.loads(path.read_text()), "drafter": drafter, "temperature": temperature}] if path.exists() else []
+        return (
+            [{**json.loads(path.read_text()), "drafter": drafter, "temperature": temperature}]
+            if path.exists()
+            else []
+        )
 
     results = [r for t, s in settings for d in drafters for r in measured(d, f"{d}-T{t:g}-s{s}{tag}", t)]
-    speed = [r for g in speed_gammas for d in speed_drafters for r in measured(d, f"{d}-T0-s0-g{g}{tag}", 0.0)]
-    curves = read_curves(out, trainings)
+    speed = [
+        r for g in speed_gammas for d in speed_drafters for r in measured(d, f"{d}-T0-s0-g{g}{tag}", 0.0)
+    ]
+    return results, speed
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    study = Study.of(args)
+    out = study.out
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    runner = Runner(out, args.jobs, None if args.budget_min is None else args.budget_min * 60)
+    synth_and_train(study, runner)
+    results, speed = evaluate(study, runner)
+    curves = read_curves(out, study.trainings)
     report(results, speed, curves, runner, out, args.eval_dtype)
     if results or curves:
         plot(results, curves, [out / "sd2_study.png", *([args.plot] if args.plot else [])])
@@ -214,9 +267,10 @@ def main() -> None:
             args, "sd2_pipeline", rows, "spec_bench heldout", args.eval_prompts, device="cpu", dtype=args.eval_dtype,
             threads=1, doc="docs/training.md#result-on-the-embedded-pair",
             notes=f"experiment=cpu-sd2, {args.steps} training steps per drafter (float32), draft vocabulary "
-            f"{args.draft_vocab_size or 'full'}; evaluations in {args.eval_dtype}, each next to its own autoregressive "
+            f"{args.draft_vocab_size or 'full'}; evaluations in {args.eval_dtype}, each next to its own "
+            "autoregressive "
             "run; T = 1 rows: mean over seeds" + (f"; steps failed or not run: {not_run}" if not_run else ""),
-        )
+        )  # fmt: skip
     else:
         print("no evaluation finished: no result record")
 
@@ -239,7 +293,8 @@ def _figures(rows: list[dict]) -> dict[str, dict]:
 
 
 def _identical(rows: list[dict], temperature: float) -> bool | None:
-    """Greedy with the exact ``sd`` rule: whether every output matched its autoregressive run; None at T > 0."""
+    """Greedy with the exact ``sd`` rule: whether every output matched its autoregressive run; None at T >
+    0."""
     match = _mean(rows, "baseline_match_rate")
     return None if temperature or match is None else match == 1.0
 
@@ -299,7 +354,9 @@ def read_curves(out: Path, trainings: list[str]) -> dict[str, dict[str, list[tup
 
 
 def summarise(results: list[dict], drafter: str, temperature: float, key: str) -> list[float]:
-    return [r[key] for r in results if r["drafter"] == drafter and r["temperature"] == temperature and key in r]
+    return [
+        r[key] for r in results if r["drafter"] == drafter and r["temperature"] == temperature and key in r
+    ]
 
 
 def spread(values: list[float]) -> str:
@@ -309,7 +366,9 @@ def spread(values: list[float]) -> str:
     return f"{mean:.3f}" if len(values) == 1 else f"{mean:.3f}±{statistics.stdev(values):.3f}"
 
 
-def report(results: list[dict], speed: list[dict], curves: dict, runner: Runner, out: Path, dtype: str) -> None:
+def report(
+    results: list[dict], speed: list[dict], curves: dict, runner: Runner, out: Path, dtype: str
+) -> None:
     header = (f"{'drafter':<11} {'T':>3} {'seeds':>5} {'tau':>13} {'accept':>13} {'a@1':>6} {'a@2':>6} "
               f"{'a@3':>6} {'a@4':>6} {'tok/s':>7} {'AR tok/s':>8} {'speedup':>13} {'=AR':>5}")
     lines = [f"evaluations in {dtype}", header, "-" * len(header)]
@@ -339,7 +398,8 @@ def report(results: list[dict], speed: list[dict], curves: dict, runner: Runner,
         sd2_speedup = summarise(results, "sd2", temperature, "speedup")
         if {"sd2", "distilled", "pretrained"} <= tau.keys():
             lines.append(
-                f"T={temperature:g}: tau(sd2)/tau(distilled) = {tau['sd2'] / tau['distilled']:.3f} (target >= 1.15); "
+                f"T={temperature:g}: tau(sd2)/tau(distilled) = {tau['sd2'] / tau['distilled']:.3f} (target "
+                ">= 1.15); "
                 f"tau(distilled) {tau['distilled']:.3f} > tau(pretrained) {tau['pretrained']:.3f}: "
                 f"{tau['distilled'] > tau['pretrained']}; sd2 speedup over autoregressive "
                 f"{statistics.fmean(sd2_speedup):.2f}x (target > 1)"
@@ -348,9 +408,11 @@ def report(results: list[dict], speed: list[dict], curves: dict, runner: Runner,
         lines += ["", "greedy, other γ (speed):", (f"{'drafter':<11} {'gamma':>5} {'tau':>6} {'accept':>7} "
                   f"{'tok/s':>7} {'AR tok/s':>8} {'speedup':>8} {'=AR':>5}")]
         for r in sorted(speed, key=lambda r: (r["gamma"], list(DRAFTERS).index(r["drafter"]))):
-            lines.append(f"{r['drafter']:<11} {r['gamma']:>5} {r['tau']:>6.3f} {r['acceptance_rate']:>7.3f} "
-                         f"{r['tokens_per_s']:>7.2f} {r.get('baseline_tokens_per_s', float('nan')):>8.2f} "
-                         f"{r.get('speedup', float('nan')):>7.2f}x {r.get('baseline_match_rate', float('nan')):>5.2f}")
+            lines.append(
+                f"{r['drafter']:<11} {r['gamma']:>5} {r['tau']:>6.3f} {r['acceptance_rate']:>7.3f} "
+                f"{r['tokens_per_s']:>7.2f} {r.get('baseline_tokens_per_s', float('nan')):>8.2f} "
+                f"{r.get('speedup', float('nan')):>7.2f}x {r.get('baseline_match_rate', float('nan')):>5.2f}"
+            )
         lines.append("")
     for name, runs in curves.items():
         last = {k: v[-1][1] for k, v in runs.items() if v}

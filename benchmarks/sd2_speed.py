@@ -22,8 +22,8 @@ from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
-    add_record_options,
     all_identical,
+    benchmark_parser,
     decode_and_report,
     engine_runner,
     heldout_questions,
@@ -55,17 +55,14 @@ def overrides_for(drafter: str, run: Path, gamma: int, args: argparse.Namespace)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, per_task=4, max_new_tokens=48, dtype="bfloat16", threads=1)
     parser.add_argument("--run", type=Path, required=True, help="the --out folder of a sd2_pipeline.py run")
     parser.add_argument("--drafters", default="distilled,sd2", help=f"comma list from {','.join(DRAFTERS)}")
-    parser.add_argument("--gammas", default="1", help="comma list of constant draft lengths (a row per drafter and γ)")
-    parser.add_argument("--per-task", type=int, default=4, help="held-out questions per Spec-Bench task")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument(
+        "--gammas", default="1", help="comma list of constant draft lengths (a row per drafter and γ)"
+    )
     parser.add_argument("--draft-vocab-size", type=int, default=8192, help="as the pipeline run's (0: full)")
-    parser.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16")
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out")
-    add_record_options(parser)
     args = parser.parse_args()
     run = args.run.resolve()
     drafters = [d for d in args.drafters.split(",") if d]
@@ -74,13 +71,17 @@ def main() -> int:
     for drafter in drafters:
         trained = run / TRAINED_BY[drafter] / "trained.pt" if drafter != "pretrained" else None
         if trained is not None and not trained.exists():
-            raise SystemExit(f"--run {run}: no {trained}; train it with benchmarks/sd2_pipeline.py --out {run}")
+            raise SystemExit(
+                f"--run {run}: no {trained}; train it with benchmarks/sd2_pipeline.py --out {run}"
+            )
     gammas = [int(g) for g in args.gammas.split(",") if g]
     torch.set_num_threads(args.threads)
     out = out_dir(args.out, "sd2-speed")
     out.mkdir(parents=True, exist_ok=True)
 
-    plans = {(d, g): validate(composed(overrides_for(d, run, g, args))).resolve() for d in drafters for g in gammas}
+    plans = {
+        (d, g): validate(composed(overrides_for(d, run, g, args))).resolve() for d in drafters for g in gammas
+    }
     first = next(iter(plans.values()))
     verifier = load_verifier(first.verifier, first.device, first.dtype,
                              placement=verifier_placement(composed(overrides_for(drafters[0], run, gammas[0], args)),

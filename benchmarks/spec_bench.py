@@ -30,6 +30,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import benchmark_parser
+
 from specbench.data.dataset_sources import question_file
 from specbench.data.dataset_specs import MT_BENCH_CATEGORIES, SPEC_BENCH_CATEGORIES
 from specbench.data.datasets import encode_messages
@@ -39,7 +42,7 @@ from specbench.decoding.methods import build_rule, canonical_method
 from specbench.evaluation import build_engines, warm_up
 from specbench.models import ModelSpec, load_verifier
 from specbench.pairs import load_drafter
-from specbench.results import add_record_options, bootstrap_interval, record_run
+from specbench.results import bootstrap_interval, record_run
 from specbench.results.record import figure
 
 # Spec-Bench's tasks (speed.py) and the column titles of its leaderboard.
@@ -54,26 +57,23 @@ TASKS = (
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--questions", default=None, help="question.jsonl (default: Spec-Bench's, see docs)")
-    parser.add_argument(
-        "--out-dir", default=None, help="answer files go here (default outputs/spec_bench/TIME)"
-    )
+    parser = benchmark_parser(
+        __doc__, questions={"default": None, "help": "question.jsonl (default: Spec-Bench's, see docs)"},
+        out_dir={"default": None, "help": "answer files go here (default outputs/spec_bench/TIME)"},
+        max_new_tokens={"default": 1024, "help": "per turn (Spec-Bench: 1024)"}, seed=0, device="auto",
+        dtype="float32", threads=None,
+    )  # fmt: skip
     parser.add_argument("--limit", type=int, default=None, help="number of questions (after --categories)")
     parser.add_argument("--seed-subset", type=int, default=None, help="seeded random --limit questions")
     parser.add_argument(
         "--categories", default=None, help="comma list of categories; 'mt_bench' stands for its 8 categories"
     )
     parser.add_argument("--turns", choices=("all", "first"), default="all")
-    parser.add_argument("--max-new-tokens", type=int, default=1024, help="per turn (Spec-Bench: 1024)")
     parser.add_argument("--method", default="sd", help="sd, lossy, static_ensemble, cascade, typical, auto")
     parser.add_argument("--param", action="append", default=[], help="rule parameter KEY=VALUE (repeatable)")
     parser.add_argument("--schedule", default="constant", choices=("constant", "heuristic", "dynamic"))
     parser.add_argument("--gamma", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--verifier", default="embedded", help="embedded (SmolLM2-135M-Instruct), tiny-random, hub id or path"
     )
@@ -81,14 +81,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--drafter", default="early-exit", help="early-exit (K=--drafter-layers), tiny-random, hub id or path"
     )
     parser.add_argument("--drafter-layers", type=int, default=4)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
         "--model-id", default=None, help="model id in the answer files (default: the verifier)"
     )
     parser.add_argument("--from-files", nargs=2, metavar=("METHOD", "BASELINE"), help="only print the table")
-    add_record_options(parser)
     return parser.parse_args(argv)
 
 
@@ -121,7 +117,8 @@ def load_questions(
     path = Path(path) if path else question_file()
     if not path.is_file():
         raise FileNotFoundError(
-            f"question file {str(path)!r} does not exist; pass --questions (Spec-Bench's data/spec_bench/question.jsonl)"
+            f"question file {str(path)!r} does not exist; pass --questions (Spec-Bench's "
+            "data/spec_bench/question.jsonl)"
         )
     rows = [row for _, row in read_jsonl(path)]
     for row in rows:
@@ -251,7 +248,9 @@ def run_benchmark(
 
 def write_answers(path: Path, answers: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({k: v for k, v in row.items() if k != "output_ids"}, ensure_ascii=False) for row in answers]
+    lines = [
+        json.dumps({k: v for k, v in row.items() if k != "output_ids"}, ensure_ascii=False) for row in answers
+    ]
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
@@ -408,8 +407,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nanswers: {method_file}\n         {baseline_file}")
     lossless = args.temperature == 0.0 and (label == "auto" or bool(engine.rule.lossless))
     record_run(
-        args, "spec_bench", record_rows(method_rows, baseline_rows, table, label, lossless), prompt_set(args, questions),
-        len(questions), device=str(verifier.model.device), dtype=dtype, threads=torch.get_num_threads(),
+        args,
+        "spec_bench",
+        record_rows(method_rows, baseline_rows, table, label, lossless),
+        prompt_set(args, questions),
+        len(questions),
+        device=str(verifier.model.device),
+        dtype=dtype,
+        threads=torch.get_num_threads(),
         doc="docs/datasets.md#spec-bench-answer-files-and-table",
         notes=f"verifier {model_id}, drafter {args.drafter}"
         + (f" (K = {args.drafter_layers})" if args.drafter == "early-exit" else "")

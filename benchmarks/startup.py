@@ -14,7 +14,6 @@ stays visible.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
@@ -24,7 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from specbench.results import add_record_options, record_run  # torch-free, as this script must stay
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import benchmark_parser  # torch-free, as this script must stay
+
+from specbench.results import record_run
 from specbench.results.record import figure
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,10 +55,9 @@ def decoding_seconds(stdout: str) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="subprocesses per measurement (median)")
     parser.add_argument("--skip-eval", action="store_true", help="only the import and the config error")
-    add_record_options(parser)
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="specbench-startup-"))

@@ -1,4 +1,5 @@
-"""Run a decoding engine over prompts and measure it against autoregressive decoding (usable without Hydra)."""
+"""Run a decoding engine over prompts and measure it against autoregressive decoding (usable without
+Hydra)."""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def build_engines(
     steering: SteeredDrafter | None = None,
     profile: CostProfile | None = None,
 ) -> tuple[SpeculativeEngine, SpeculativeEngine | None]:
-    """The method's engine and, if ``baseline`` and there is a drafter, an autoregressive engine of the verifier.
+    """The method's engine and, if ``baseline`` and there is a drafter, an autoregressive engine of the
+    verifier.
 
     ``drafter``: a loaded model (decoded by a :class:`ModelDrafter`, or by an :class:`SD2Drafter` when
     ``steering`` is given), any :class:`Drafter`, or None. Both engines use the shared vocabulary (checked

@@ -52,7 +52,9 @@ def check_drafter_spec(target: str, params: dict[str, Any], key: str = "model.dr
 
     factory = import_target(target, f"{key}.target")
     if inspect.isclass(factory) and not issubclass(factory, Drafter):
-        raise ValueError(f"{key}.target={target!r} is not a specbench Drafter (specbench.decoding.protocol.Drafter)")
+        raise ValueError(
+            f"{key}.target={target!r} is not a specbench Drafter (specbench.decoding.protocol.Drafter)"
+        )
     parameters = _signature(factory).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     accepted = [name for name in parameters if name not in ("self", *INJECTED)]
@@ -69,7 +71,9 @@ def check_drafter_spec(target: str, params: dict[str, Any], key: str = "model.dr
     return factory
 
 
-def build_drafter(target: str, params: dict[str, Any], verifier: Any, vocab_size: int, name: str | None = None):
+def build_drafter(
+    target: str, params: dict[str, Any], verifier: Any, vocab_size: int, name: str | None = None
+):
     """The drafter a ``kind: drafter`` spec describes, for this verifier and shared vocabulary."""
     factory = import_target(target)
     parameters = _signature(factory).parameters

@@ -11,7 +11,9 @@ def import_target(path: str, key: str = "model.drafter.target") -> Callable[...,
     """The object ``path`` (``package.module.Name``) names; ValueError naming ``key`` when it does not import."""
     module_name, _, attribute = str(path or "").rpartition(".")
     if not module_name:
-        raise ValueError(f"{key} must be a dotted path such as specbench.drafters.ngram.NgramDrafter, got {path!r}")
+        raise ValueError(
+            f"{key} must be a dotted path such as specbench.drafters.ngram.NgramDrafter, got {path!r}"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:

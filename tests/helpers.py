@@ -51,12 +51,14 @@ def launch(
 
 
 def design_card() -> list[list[str]]:
-    """The README's design-card commands ("The commands it is known by"), as arguments after ``python launch.py``."""
+    """The README's design-card commands ("The commands it is known by"), as arguments after
+    ``python launch.py``."""
     import re
     import shlex
 
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- design-card:begin -->\n```bash\n(.*?)```\n<!-- design-card:end -->", text, re.S)
+    pattern = r"<!-- design-card:begin -->\n```bash\n(.*?)```\n<!-- design-card:end -->"
+    block = re.search(pattern, text, re.DOTALL)
     assert block, "README.md lost its design-card block"
     commands = [shlex.split(line) for line in block.group(1).splitlines() if line.strip()]
     assert all(c[:2] == ["python", "launch.py"] for c in commands), commands

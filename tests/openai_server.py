@@ -2,9 +2,10 @@
 
 It answers what ``task=synth synth.backend=openai`` sends a vLLM server: ``GET /v1/models`` and
 ``POST /v1/completions`` with the prompt as token ids, ``max_tokens``, ``temperature`` (0: greedy),
-``top_p``, ``top_k`` (-1 / 0: off), ``seed``, ``logit_bias`` and ``logprobs``, and vLLM's ``return_tokens_as_token_ids``
-(generated tokens as ``"token_id:N"``). Generation is transformers' own ``generate`` (an implementation
-independent of specbench's engine); like vLLM, the EOS token that ends a row is in the token ids and in
+``top_p``, ``top_k`` (-1 / 0: off), ``seed``, ``logit_bias`` and ``logprobs``, and vLLM's
+``return_tokens_as_token_ids`` (generated tokens as ``"token_id:N"``). Generation is transformers' own
+``generate`` (an implementation independent of specbench's engine); like vLLM, the EOS token that ends a row
+is in the token ids and in
 ``usage.completion_tokens`` but not in the text, and ``stop_reason`` is null for the tokenizer's EOS.
 
 ``token_ids=False`` plays a server that ignores ``return_tokens_as_token_ids`` (text and plain token
@@ -44,7 +45,9 @@ def _prompt_ids(prompt, tokenizer) -> list[int]:
         return prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         return prompt[0]
-    raise HTTPException(400, "this test server takes one prompt per request (a string or a list of token ids)")
+    raise HTTPException(
+        400, "this test server takes one prompt per request (a string or a list of token ids)"
+    )
 
 
 def create_app(model, tokenizer, model_name: str = "tiny", token_ids: bool = True) -> FastAPI:
@@ -57,7 +60,10 @@ def create_app(model, tokenizer, model_name: str = "tiny", token_ids: bool = Tru
 
     @app.get("/v1/models")
     def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "tests"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "tests"}],
+        }
 
     @app.post("/v1/completions")
     def completions(body: dict = Body(...)) -> dict:  # noqa: B008  (FastAPI's way to read a JSON body)
@@ -83,8 +89,14 @@ def create_app(model, tokenizer, model_name: str = "tiny", token_ids: bool = Tru
         choice = {
             "index": 0,
             "text": tokenizer.decode(output, skip_special_tokens=True),
-            "logprobs": {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": None}
-            if want_logprobs else None,
+            "logprobs": {
+                "tokens": tokens,
+                "token_logprobs": logprobs,
+                "top_logprobs": None,
+                "text_offset": None,
+            }
+            if want_logprobs
+            else None,
             "finish_reason": "stop" if finished else "length",
             "stop_reason": None,
         }

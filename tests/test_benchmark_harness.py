@@ -31,3 +31,48 @@ def test_round_figures_give_acceptance_and_draft_share_only_for_speculative_rows
     assert figures["acc_pos2"]["value"] == 1.0 and "acc_pos3" not in figures
     assert figures["draft_share"]["value"] == pytest.approx(1.5 / 5.0)
     assert round_figures([{"choices": [{"new_tokens": [3]}]}]) == {}
+
+
+def test_the_shared_parser_adds_the_common_flags_a_script_names_and_the_record_options():
+    from harness import COMMON_FLAGS, benchmark_parser
+
+    parser = benchmark_parser("doc", per_task=3, threads=1, out_dir={"default": None, "help": "where"})
+    args = parser.parse_args(["--per-task", "5"])
+    assert (args.per_task, args.threads, args.out_dir, args.no_record, args.headline) == (
+        5,
+        1,
+        None,
+        False,
+        "",
+    )
+    assert not hasattr(args, "max_new_tokens")  # not named: not taken
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--dtype", "float32"])
+    with pytest.raises(ValueError, match="no common benchmark flag"):
+        benchmark_parser("doc", per_tsk=3)
+    assert {"questions", "per_task", "per_category", "max_new_tokens", "threads", "dtype"} <= set(
+        COMMON_FLAGS
+    )
+
+
+def test_every_benchmark_script_builds_its_parser_from_the_harness():
+    scripts = sorted((ROOT / "benchmarks").glob("*.py"))
+    assert len(scripts) > 5
+    for script in scripts:
+        source = script.read_text(encoding="utf-8")
+        if script.name == "harness.py" or "parse_args(" not in source:
+            continue
+        assert "benchmark_parser(" in source and "ArgumentParser(" not in source, script.name
+
+
+def test_setups_become_engine_runners_in_order():
+    from harness import Setup, setup_runners
+
+    from specbench.drafters.prompt_lookup import PromptLookupDrafter
+    from specbench.models.tiny import tiny_random_model
+
+    model = tiny_random_model("llama", seed=0)
+    runners = setup_runners(model, [Setup("autoregressive"), Setup("lookup", PromptLookupDrafter())])
+    assert [r.name for r in runners] == ["autoregressive", "lookup"]
+    plain, lookup = (r.run([5, 6, 7, 5, 6]) for r in runners)
+    assert plain.output_ids == lookup.output_ids and len(plain.output_ids) > 0

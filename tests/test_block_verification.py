@@ -42,6 +42,7 @@ from specbench.decoding import (
     verify_round,
 )
 from specbench.decoding.block import BlockRule, block_residual, block_terms, block_verdict
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.verification import one_hot_proposal
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 
@@ -61,8 +62,17 @@ class ToyPair:
     all of q on one token per prefix (their q is the one-hot that verify_round builds for q=None).
     """
 
-    def __init__(self, seed: int, vocab: int, gamma: int, *, context_free: bool = False, truncate: bool = False,
-                 deterministic: bool = False, peaked: float = 2.0):
+    def __init__(
+        self,
+        seed: int,
+        vocab: int,
+        gamma: int,
+        *,
+        context_free: bool = False,
+        truncate: bool = False,
+        deterministic: bool = False,
+        peaked: float = 2.0,
+    ):
         rng = np.random.default_rng(seed)
         self.vocab, self.gamma, self.deterministic = vocab, gamma, deterministic
 
@@ -83,8 +93,13 @@ class ToyPair:
         self.Q = [table(n, truncate) for n in range(gamma)]
         if deterministic:
             # A deterministic proposal: sometimes the verifier's favourite, sometimes not, sometimes p(x) = 0.
-            self.Q = [torch.nn.functional.one_hot(torch.multinomial(q, 1, generator=torch.Generator().manual_seed(
-                seed + n)).squeeze(1), vocab).double() for n, q in enumerate(self.Q)]
+            self.Q = [
+                torch.nn.functional.one_hot(
+                    torch.multinomial(q, 1, generator=torch.Generator().manual_seed(seed + n)).squeeze(1),
+                    vocab,
+                ).double()
+                for n, q in enumerate(self.Q)
+            ]
 
     def code(self, prefix) -> int:
         value = 0
@@ -150,7 +165,9 @@ def one_round_then_verifier(pair: ToyPair, rule, lens: torch.Tensor, seed: int) 
     g = torch.Generator().manual_seed(seed)
     drafts = pair.sample_drafts(len(lens), g)
     positions = torch.arange(pair.gamma)
-    drafts = torch.where(positions[None] < lens[:, None], drafts, torch.randint(0, pair.vocab, drafts.shape, generator=g))
+    drafts = torch.where(
+        positions[None] < lens[:, None], drafts, torch.randint(0, pair.vocab, drafts.shape, generator=g)
+    )
     p, q = pair.round_inputs(drafts, lens, g)
     verdict = verify_round(rule, p, None if pair.deterministic else q, drafts, lens, False, g)
     assert ((verdict.accepted >= 0) & (verdict.accepted <= lens)).all()
@@ -205,11 +222,15 @@ def exact_round_then_verifier(pair: ToyPair, length_of=None, residual=block_resi
         length = len(prefix)
         h = terms.threshold[row].numpy()
         for tau in range(length + 1):
-            stay = (h[tau - 1] if tau > 0 else 1.0) * math.prod(1 - h[j - 1] for j in range(tau + 1, length + 1))
+            stay = (h[tau - 1] if tau > 0 else 1.0) * math.prod(
+                1 - h[j - 1] for j in range(tau + 1, length + 1)
+            )
             if tau == length:
                 emitted = p[row, length].numpy()
             else:
-                emitted = residual(p[row:row + 1, tau], q[row:row + 1, tau], terms.prefix_ratio[row:row + 1, tau])
+                emitted = residual(
+                    p[row : row + 1, tau], q[row : row + 1, tau], terms.prefix_ratio[row : row + 1, tau]
+                )
                 emitted = emitted[0].numpy()
             head = blocks[prefix] * stay
             for y in np.nonzero(emitted)[0]:
@@ -276,7 +297,9 @@ BUG_PAIR = ToyPair(1, 3, 3, truncate=True, peaked=1.0)
 def test_the_tokenwise_residual_bug_is_not_exact():
     wrong = exact_round_then_verifier(BUG_PAIR, residual=tokenwise_residual)
     assert 0.5 * np.abs(wrong - BUG_PAIR.joint(BUG_PAIR.gamma + 1)).sum() > 0.02
-    np.testing.assert_allclose(exact_round_then_verifier(BUG_PAIR), BUG_PAIR.joint(BUG_PAIR.gamma + 1), atol=1e-12)
+    np.testing.assert_allclose(
+        exact_round_then_verifier(BUG_PAIR), BUG_PAIR.joint(BUG_PAIR.gamma + 1), atol=1e-12
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -349,9 +372,13 @@ def expected_accepted(pair: ToyPair) -> tuple[float, float]:
     block, tokenwise = 0.0, 0.0
     for row, prefix in enumerate(prefixes):
         weight = blocks[prefix]
-        block += weight * sum(i * h[row, i - 1] * math.prod(1 - h[row, j - 1] for j in range(i + 1, pair.gamma + 1))
-                              for i in range(1, pair.gamma + 1))
-        ratios = [min(1.0, pair.p(prefix[:i])[prefix[i]] / pair.q(prefix[:i])[prefix[i]]) for i in range(pair.gamma)]
+        block += weight * sum(
+            i * h[row, i - 1] * math.prod(1 - h[row, j - 1] for j in range(i + 1, pair.gamma + 1))
+            for i in range(1, pair.gamma + 1)
+        )
+        ratios = [
+            min(1.0, pair.p(prefix[:i])[prefix[i]] / pair.q(prefix[:i])[prefix[i]]) for i in range(pair.gamma)
+        ]
         tokenwise += weight * sum(math.prod(ratios[:n]) for n in range(1, pair.gamma + 1))
     return block, tokenwise
 
@@ -378,8 +405,14 @@ RANDOM_PAIRS = [
 
 @pytest.mark.parametrize("seed,vocab,gamma,kind", RANDOM_PAIRS)
 def test_expected_accepted_length_never_below_tokenwise(seed, vocab, gamma, kind):
-    pair = ToyPair(100 + seed, vocab, gamma, truncate=kind == "truncated", context_free=kind == "context-free",
-                   deterministic=kind == "deterministic")
+    pair = ToyPair(
+        100 + seed,
+        vocab,
+        gamma,
+        truncate=kind == "truncated",
+        context_free=kind == "context-free",
+        deterministic=kind == "deterministic",
+    )
     block, tokenwise = expected_accepted(pair)
     assert block >= tokenwise - 1e-12
     if gamma == 1 or kind == "deterministic":
@@ -501,7 +534,9 @@ def test_one_draft_rounds_are_tokenwise_decision_for_decision():
 def test_degenerate_rows_stay_finite():
     """p = q exactly (the 0/0 threshold), p(x) = 0 for a one-hot draft (ρ = 0), no drafts at all."""
     vocab = 4
-    p = torch.tensor([[[0.1, 0.2, 0.3, 0.4]] * 3, [[0.0, 0.5, 0.5, 0.0]] * 3, [[0.25] * 4] * 3], dtype=torch.float64)
+    p = torch.tensor(
+        [[[0.1, 0.2, 0.3, 0.4]] * 3, [[0.0, 0.5, 0.5, 0.0]] * 3, [[0.25] * 4] * 3], dtype=torch.float64
+    )
     q = p[:, :2].clone()
     drafts = torch.tensor([[3, 3], [0, 1], [2, 2]])
     q[1] = one_hot_proposal(drafts[1:2], vocab, torch.float64)[0]
@@ -561,8 +596,15 @@ def tiny_drafter(kind: str):
 
 
 def engine(kind: str, schedule: DraftSchedule, eos=(EOS_ID,), **settings) -> SpeculativeEngine:
-    return SpeculativeEngine(tiny_verifier(), tiny_drafter(kind), rule=BlockRule(), schedule=schedule,
-                             settings=GenerationSettings(**settings), eos_token_ids=eos, pad_token_id=PAD_ID)
+    return SpeculativeEngine(
+        tiny_verifier(),
+        ModelDrafter(tiny_drafter(kind)),
+        rule=BlockRule(),
+        schedule=schedule,
+        settings=GenerationSettings(**settings),
+        eos_token_ids=eos,
+        pad_token_id=PAD_ID,
+    )
 
 
 @pytest.mark.parametrize("schedule", [DraftSchedule("constant", gamma=4), DraftSchedule("dynamic", gamma=4,
@@ -573,8 +615,14 @@ def test_engine_greedy_equals_the_verifier_greedy(schedule):
     results = engine("perturbed", schedule, max_new_tokens=20).generate(PROMPTS)
     drafted = accepted = 0
     for prompt, result in zip(PROMPTS, results):
-        hf = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                            do_sample=False, max_new_tokens=20, eos_token_id=[EOS_ID], pad_token_id=PAD_ID)
+        hf = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=20,
+            eos_token_id=[EOS_ID],
+            pad_token_id=PAD_ID,
+        )
         assert result.output_ids == hf[0, len(prompt):].tolist()
         drafted += sum(r.drafted for r in result.rounds)
         accepted += sum(r.accepted for r in result.rounds)
@@ -588,8 +636,9 @@ def test_engine_greedy_equals_the_verifier_greedy(schedule):
 def test_engine_sampling_matches_the_verifier_joint_of_the_first_tokens(kind, schedule):
     """Multi-round sampling (max_new_tokens = 3 spans rounds whenever a draft is rejected early)."""
     prompt, rows, top_k = PROMPTS[1], 4000, 10
-    results = engine(kind, schedule, temperature=1.0, top_k=top_k, max_new_tokens=3, seed=1234, eos=()).generate(
-        [prompt] * rows)
+    results = engine(
+        kind, schedule, temperature=1.0, top_k=top_k, max_new_tokens=3, seed=1234, eos=()
+    ).generate([prompt] * rows)
     outs = np.array([r.output_ids for r in results])
     drafted = sum(r.drafted for res in results for r in res.rounds)
     accepted = sum(r.accepted for res in results for r in res.rounds)

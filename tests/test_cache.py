@@ -162,8 +162,12 @@ def test_select_rows(arch):
     cm.select_rows(torch.tensor([1, 0]))
     assert cm.num_valid.tolist() == [6, 4]
     out = cm.forward(torch.tensor([tokens(25, 1), tokens(26, 1)]))
-    assert_row_matches(arch, out.logits, torch.ones(2, 1, dtype=torch.bool), 0, rows[2] + new[1], tokens(25, 1))
-    assert_row_matches(arch, out.logits, torch.ones(2, 1, dtype=torch.bool), 1, rows[1] + new[0], tokens(26, 1))
+    assert_row_matches(
+        arch, out.logits, torch.ones(2, 1, dtype=torch.bool), 0, rows[2] + new[1], tokens(25, 1)
+    )
+    assert_row_matches(
+        arch, out.logits, torch.ones(2, 1, dtype=torch.bool), 1, rows[1] + new[0], tokens(26, 1)
+    )
     # No rows left.
     cm.select_rows(torch.tensor([], dtype=torch.long))
     assert cm.valid.shape[0] == 0

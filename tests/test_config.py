@@ -99,7 +99,11 @@ def test_defaults():
     assert cfg.method.name == "sd"
     assert (cfg.schedule.name, cfg.schedule.gamma) == ("constant", 10)
     early = compose_config(["model/drafter=early-exit"])  # the teaching drafter keeps gamma 3
-    assert (early.model.drafter.kind, early.model.drafter.num_layers, early.schedule.gamma) == ("early_exit", 4, 3)
+    assert (early.model.drafter.kind, early.model.drafter.num_layers, early.schedule.gamma) == (
+        "early_exit",
+        4,
+        3,
+    )
     assert compose_config(["model/drafter=early-exit", "schedule.gamma=5"]).schedule.gamma == 5
     assert cfg.dataset.name == "demo"
     assert OmegaConf.to_container(cfg.gen) == {
@@ -139,7 +143,9 @@ def test_every_option_composes_and_validates(group, option):
     if group == "dataset" and option in ("jsonl", "parquet"):
         overrides.append(f"dataset.path={ROOT / 'specbench/data/demo_prompts.jsonl'}")
     cfg = compose_config(overrides)
-    if group == "dataset" and option in HUB_DATASETS:  # offline here; tests/test_datasets.py uses local copies
+    if (
+        group == "dataset" and option in HUB_DATASETS
+    ):  # offline here; tests/test_datasets.py uses local copies
         with pytest.raises(DatasetNotFoundError, match="dataset.path="):
             validate(cfg)
         return
@@ -225,7 +231,10 @@ def test_diversed_method_aliases(alias, canonical):
     [
         (["method=sd2", "steering=none"], "method=sd2 decodes with an SD²-steered drafter: add steering=sd2"),
         (["method=distill"], "method=distill needs method.drafter_checkpoint=PATH"),
-        (["method=distill", "steering=sd2"], "method=distill decodes with a distilled drafter and no steering"),
+        (
+            ["method=distill", "steering=sd2"],
+            "method=distill decodes with a distilled drafter and no steering",
+        ),
         (["method=auto", "steering=sd2"], "steering=sd2 steers a drafter, but method=auto has none"),
     ],
 )
@@ -239,7 +248,10 @@ def test_trained_methods_say_what_they_miss(overrides, message):
     ("overrides", "message"),
     [
         (["model.drafter.params.tree_width=0"], "model.drafter.params.tree_width=0: an integer >= 1"),
-        (["model.drafter.params.tree_width=3", "method=lossy"], "model.drafter.params.tree_width=3: trees of drafts"),
+        (
+            ["model.drafter.params.tree_width=3", "method=lossy"],
+            "model.drafter.params.tree_width=3: trees of drafts",
+        ),
     ],
 )
 def test_a_tree_width_is_checked_against_the_rule_before_any_model_loads(overrides, message):
@@ -253,7 +265,9 @@ def test_a_tree_width_is_checked_against_the_rule_before_any_model_loads(overrid
 def test_a_model_drafter_takes_a_tree_width_for_the_exact_rule_only():
     plan = validate(compose_config(["model/drafter=early-exit", "model.drafter.tree_width=3"]))
     assert plan.drafter.tree_width == 3
-    with pytest.raises(ConfigError, match=r"^model.drafter.tree_width=3: trees of drafts .* not method=typical"):
+    with pytest.raises(
+        ConfigError, match=r"^model.drafter.tree_width=3: trees of drafts .* not method=typical"
+    ):
         validate(compose_config(["model/drafter=early-exit", "model.drafter.tree_width=3", "method=typical"]))
     with pytest.raises(ConfigError, match=r"^model.drafter.tree_width=-1: an integer >= 1"):
         validate(compose_config(["model/drafter=early-exit", "model.drafter.tree_width=-1"]))
@@ -516,7 +530,9 @@ def diversed_checkpoints(tmp_path):
     return {
         "good": _checkpoint(tmp_path / "good.pt", method="diversed", **pair),
         "sd2": _checkpoint(tmp_path / "sd2.pt", method="sd2", **pair),
-        "other_pair": _checkpoint(tmp_path / "other.pt", method="diversed", verifier="big-verifier", drafter="d"),
+        "other_pair": _checkpoint(
+            tmp_path / "other.pt", method="diversed", verifier="big-verifier", drafter="d"
+        ),
         "junk": tmp_path / "junk.pt",
     }
 
@@ -537,7 +553,9 @@ def test_a_checkpoint_of_another_method_or_pair_or_no_checkpoint_fails_in_valida
 
     path = diversed_checkpoints[which]
     out = tmp_path / "out"
-    cfg = compose_config([*TINY, "method=diversed", f"method.head_checkpoint={path}", f"eval.output_dir={out}"])
+    cfg = compose_config(
+        [*TINY, "method=diversed", f"method.head_checkpoint={path}", f"eval.output_dir={out}"]
+    )
     with pytest.raises(ConfigError) as info:
         EvalTask(cfg).run()
     text = str(info.value)
@@ -564,7 +582,9 @@ def _sd2_checkpoint(tmp_path):
 
 
 def test_steering_values_a_checkpoint_fixes_are_recorded_as_the_checkpoints(tmp_path):
-    cfg = compose_config([*TINY, "method=sd2", "steering=sd2", f"steering.checkpoint={_sd2_checkpoint(tmp_path)}"])
+    cfg = compose_config(
+        [*TINY, "method=sd2", "steering=sd2", f"steering.checkpoint={_sd2_checkpoint(tmp_path)}"]
+    )
     assert cfg.steering.v_layers == [3, 16, 29]  # the steering group's defaults, not what was trained
     plan = validate(cfg)
     steering = OmegaConf.to_container(cfg.steering)

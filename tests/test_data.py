@@ -168,9 +168,21 @@ def test_sharegpt_and_chat_message_rows_give_their_first_user_turn(tmp_path):
 
     path = tmp_path / "sharegpt.jsonl"
     rows = [
-        {"id": "a", "conversations": [{"from": "system", "value": "be nice"}, {"from": "human", "value": "Hi?"},
-                                      {"from": "gpt", "value": "Hello."}]},
-        {"id": "b", "messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Red"}]},
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "system", "value": "be nice"},
+                {"from": "human", "value": "Hi?"},
+                {"from": "gpt", "value": "Hello."},
+            ],
+        },
+        {
+            "id": "b",
+            "messages": [
+                {"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": "Red"},
+            ],
+        },
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [(p.id, p.text) for p in load_jsonl(path)] == [("a", "Hi?"), ("b", "Name a colour.")]

@@ -438,8 +438,16 @@ def test_config_yaml_records_the_dataset(tmp_path, fixture_file):
     [
         ("prompts.jsonl", None, "is a directory, not a prompt file"),
         ("prompts.jsonl", b"", "is empty (0 bytes)"),
-        ("prompts.jsonl", b'{"prompt": "a"}\n{"prompt": "b"}\n\x7fELF\x00\x00', ":3: not a text file (a NUL byte at column 5)"),
-        ("prompts.jsonl", b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n', ":2: not UTF-8 text (byte 0xe9 at column 16)"),
+        (
+            "prompts.jsonl",
+            b'{"prompt": "a"}\n{"prompt": "b"}\n\x7fELF\x00\x00',
+            ":3: not a text file (a NUL byte at column 5)",
+        ),
+        (
+            "prompts.jsonl",
+            b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n',
+            ":2: not UTF-8 text (byte 0xe9 at column 16)",
+        ),
         ("prompts.jsonl.gz", b'{"prompt": "a"}\n', "is not gzip-compressed"),
         ("prompts.parquet", b'{"prompt": "a"}\n', "is not a parquet file"),
     ],
@@ -462,6 +470,7 @@ def test_a_prompt_file_error_from_launch_is_one_line_with_exit_2(tmp_path):
     proc = launch([*TINY, "dataset=jsonl", f"dataset.path={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == (
-        f"Config error: dataset.path: '{tmp_path}' is a directory, not a prompt file; pass a .jsonl / .json file "
+        f"Config error: dataset.path: '{tmp_path}' is a directory, not a prompt file; pass a .jsonl / .json "
+        "file "
         "(optionally .gz), a .parquet file or a datasets save_to_disk directory"
     )

@@ -11,7 +11,7 @@ import json
 import shlex
 
 import pytest
-from helpers import ROOT, design_card, compose_config, launch
+from helpers import ROOT, compose_config, design_card, launch
 
 import specbench.config  # noqa: F401  (registers the schemas)
 from specbench.config import ConfigError
@@ -41,13 +41,23 @@ def test_train_diversed_takes_its_defaults_from_the_method_and_the_user_still_wi
     assert plan.drafter.target.startswith("specbench.drafters.eagle3")  # a drafter with hidden states
     assert cfg.train.reward == "per_token_gate"  # auto: dataset=demo has no metric, so no references needed
     assert cfg.train.max_steps <= 20  # CPU-sized
-    chosen = compose_config([*TRAIN, "model/drafter=early-exit", "train.reward=verifier_logp", "train.max_steps=7"])
+    chosen = compose_config(
+        [*TRAIN, "model/drafter=early-exit", "train.reward=verifier_logp", "train.max_steps=7"]
+    )
     validate_train(chosen)
     assert (chosen.model.drafter.kind, chosen.train.reward, chosen.train.max_steps) == (
-        "early_exit", "verifier_logp", 7
-    )  # fmt: skip
-    with_metric = compose_config([*TRAIN, "dataset=jsonl", f"dataset.path={ROOT / 'specbench/data/demo_prompts.jsonl'}",
-                                  "dataset.metric=bleu"])  # fmt: skip
+        "early_exit",
+        "verifier_logp",
+        7,
+    )
+    with_metric = compose_config(
+        [
+            *TRAIN,
+            "dataset=jsonl",
+            f"dataset.path={ROOT / 'specbench/data/demo_prompts.jsonl'}",
+            "dataset.metric=bleu",
+        ]
+    )
     validate_train(with_metric)
     assert with_metric.train.reward == "task"  # auto: a dataset with a metric trains on it
     preset = compose_config(["task=train", "experiment=cpu-diversed-translation"])
@@ -65,7 +75,9 @@ def test_every_train_method_runs_or_names_the_missing_choice_in_one_line(method)
         validate_train(cfg)
     message = str(info.value)
     assert "\n" not in message
-    expected = "train.data=DIR" if method in ("sd2", "distill", "eagle3", "dflash") else "has nothing to train"
+    expected = (
+        "train.data=DIR" if method in ("sd2", "distill", "eagle3", "dflash") else "has nothing to train"
+    )
     assert expected in message, message
 
 
@@ -80,21 +92,45 @@ def test_synth_and_eval_of_each_method_compose_on_the_embedded_default():
 @pytest.mark.slow
 def test_train_diversed_as_typed_then_the_printed_eval_command(tmp_path):
     out = tmp_path / "head"
-    sizing = ["train.max_steps=2", "train.val_every_steps=2", "train.checkpoint_every_steps=2", "train.batch_size=2",
-              "train.rollouts_per_prompt=1", "train.val_prompts=1", "gen.max_new_tokens=6", "runtime.num_threads=1"]
-    proc = launch([*TRAIN, *sizing, f"train.output_dir={out}", f"hydra.run.dir={tmp_path / 'h'}"],
-                  cache_dir=tmp_path / "cache", timeout=900)  # fmt: skip
+    sizing = [
+        "train.max_steps=2",
+        "train.val_every_steps=2",
+        "train.checkpoint_every_steps=2",
+        "train.batch_size=2",
+        "train.rollouts_per_prompt=1",
+        "train.val_prompts=1",
+        "gen.max_new_tokens=6",
+        "runtime.num_threads=1",
+    ]
+    proc = launch(
+        [*TRAIN, *sizing, f"train.output_dir={out}", f"hydra.run.dir={tmp_path / 'h'}"],
+        cache_dir=tmp_path / "cache",
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "trained.pt").is_file()
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("evaluate it: ")]
     command = shlex.split(line.removeprefix("evaluate it: "))
     assert command[:2] == ["python", "launch.py"]
-    assert "method=diversed" in command and f"method.head_checkpoint={(out / 'trained.pt').resolve()}" in command
+    assert (
+        "method=diversed" in command and f"method.head_checkpoint={(out / 'trained.pt').resolve()}" in command
+    )
     assert not any(arg.startswith(("task=", "train.")) for arg in command)
     evaluated = tmp_path / "eval"
-    proc = launch([*command[2:], "gen.max_new_tokens=6", "dataset.limit=1", "eval.warmup=false", "eval.baseline=false",
-                   "runtime.num_threads=1", f"eval.output_dir={evaluated}", f"hydra.run.dir={tmp_path / 'h2'}"],
-                  cache_dir=tmp_path / "cache", timeout=900)  # fmt: skip
+    proc = launch(
+        [
+            *command[2:],
+            "gen.max_new_tokens=6",
+            "dataset.limit=1",
+            "eval.warmup=false",
+            "eval.baseline=false",
+            "runtime.num_threads=1",
+            f"eval.output_dir={evaluated}",
+            f"hydra.run.dir={tmp_path / 'h2'}",
+        ],
+        cache_dir=tmp_path / "cache",
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((evaluated / "metrics.json").read_text())
     assert metrics["method"] == "diversed" and metrics["method_checkpoint"].endswith("trained.pt")
@@ -108,8 +144,11 @@ def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("card_sweep")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     sweep_dir = root / "sweep"
-    proc = launch([*SWEEP, *TINY, *QUICK, f"hydra.sweep.dir={sweep_dir}"], env_extra={"MLFLOW_TRACKING_URI": uri},
-                  timeout=600)  # fmt: skip
+    proc = launch(
+        [*SWEEP, *TINY, *QUICK, f"hydra.sweep.dir={sweep_dir}"],
+        env_extra={"MLFLOW_TRACKING_URI": uri},
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"dir": sweep_dir, "uri": uri, "root": root}
 
@@ -135,8 +174,10 @@ def test_the_report_compares_the_newest_sweeps_runs_from_mlflow(sweep):
 def test_a_sweep_over_a_parameter_the_method_does_not_read_starts_no_job(tmp_path):
     sweep_dir = tmp_path / "sweep"
     unread = [arg for arg in SWEEP if arg != "method=static_ensemble"]  # the default method, sd
-    proc = launch([*unread, *TINY, *QUICK, f"hydra.sweep.dir={sweep_dir}"],
-                  env_extra={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"})  # fmt: skip
+    proc = launch(
+        [*unread, *TINY, *QUICK, f"hydra.sweep.dir={sweep_dir}"],
+        env_extra={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"},
+    )
     assert proc.returncode == 2
     assert "method=sd does not read draft_weight; static_ensemble, sd_static and static_en do" in proc.stderr
     assert "no job was started" in proc.stderr and "Traceback" not in proc.stderr

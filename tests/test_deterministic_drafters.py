@@ -18,6 +18,7 @@ from specbench.decoding import DraftSchedule, EnsembleRule, GenerationSettings, 
 from specbench.decoding.cost import CostProfile, measure_verify_ms, monotone
 from specbench.decoding.cost_aware import CostAwareSchedule, match_bucket
 from specbench.decoding.metrics import expected_tokens_per_round, predicted_speedup, summarize
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.rules import VerificationRule, one_step_distribution
 from specbench.decoding.verification import one_hot_proposal, verify_round
 from specbench.drafters.base import Drafter, Proposal
@@ -62,7 +63,9 @@ class PeekDrafter(Drafter):
             drafts.append(logits[:, -1, :259].argmax(-1))
             tokens = torch.cat([tokens, drafts[-1][:, None]], 1)
             valid = torch.cat([valid, torch.ones_like(valid[:, :1])], 1)
-        return Proposal(torch.stack(drafts, 1), caps.clone(), q=None, match_lengths=torch.full_like(caps, self.match))
+        return Proposal(
+            torch.stack(drafts, 1), caps.clone(), q=None, match_lengths=torch.full_like(caps, self.match)
+        )
 
 
 def accepted_share(results):
@@ -71,8 +74,14 @@ def accepted_share(results):
 
 
 def hf_greedy(prompt, max_new):
-    out = verifier().generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                              do_sample=False, max_new_tokens=max_new, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    out = verifier().generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=max_new,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+    )
     return out[0, len(prompt):].tolist()
 
 
@@ -132,8 +141,14 @@ def test_sampling_with_a_deterministic_drafter_matches_the_verifier(batch):
     prompt = PROMPTS[1]
     rows = 4000
     prompts = [prompt if i % batch == 0 else PROMPTS[3] for i in range(rows)]
-    eng = SpeculativeEngine(verifier(), PeekDrafter(0.005), None, DraftSchedule("constant", 3),
-                            GenerationSettings(max_new_tokens=3, temperature=1.0, seed=7), pad_token_id=PAD_ID)
+    eng = SpeculativeEngine(
+        verifier(),
+        PeekDrafter(0.005),
+        None,
+        DraftSchedule("constant", 3),
+        GenerationSettings(max_new_tokens=3, temperature=1.0, seed=7),
+        pad_token_id=PAD_ID,
+    )
     outs, results = [], []
     for start in range(0, rows, 500):
         chunk = prompts[start:start + 500]
@@ -145,7 +160,10 @@ def test_sampling_with_a_deterministic_drafter_matches_the_verifier(batch):
     vocab = verifier().config.vocab_size
     p1, joint = exact_first_tokens(verifier(), prompt)
     assert chi2_pvalue(np.bincount(outs[:, 0], minlength=vocab), p1) > 1e-3
-    assert chi2_pvalue(np.bincount(outs[:, 0] * vocab + outs[:, 1], minlength=vocab**2), joint.reshape(-1)) > 1e-3
+    assert (
+        chi2_pvalue(np.bincount(outs[:, 0] * vocab + outs[:, 1], minlength=vocab**2), joint.reshape(-1))
+        > 1e-3
+    )
 
 
 def test_rules_that_need_q_refuse_a_deterministic_drafter_and_lossy_accepts_it():
@@ -158,9 +176,11 @@ def test_rules_that_need_q_refuse_a_deterministic_drafter_and_lossy_accepts_it()
 def test_a_drafter_with_another_lm_head_size_is_refused_by_the_engine():
     other = tiny_random_model("llama", seed=1, num_layers=1, vocab_size=384)
     with pytest.raises(ValueError, match="LM head has 384 rows"):
-        SpeculativeEngine(verifier(), other)
+        SpeculativeEngine(verifier(), ModelDrafter(other))
     # With the shared tokenizer size made explicit, the two heads are sliced to it and decoding runs at T > 0.
-    eng = SpeculativeEngine(verifier(), other, vocab_size=259, settings=GenerationSettings(8, temperature=1.0))
+    eng = SpeculativeEngine(
+        verifier(), ModelDrafter(other, 259), vocab_size=259, settings=GenerationSettings(8, temperature=1.0)
+    )
     assert len(eng.generate([PROMPTS[1]])[0].output_ids) == 8
 
 
@@ -238,7 +258,9 @@ def test_cost_aware_trims_lookup_proposals_per_match_length():
     for _ in range(300):
         s.observe(Proposal(torch.zeros(2, 8, dtype=torch.long), torch.tensor([8, 8]),
                            match_lengths=torch.tensor([9, 1])), torch.tensor([8, 0]))
-    proposal = Proposal(torch.arange(16).view(2, 8), torch.tensor([8, 8]), match_lengths=torch.tensor([1, 12]))
+    proposal = Proposal(
+        torch.arange(16).view(2, 8), torch.tensor([8, 8]), match_lengths=torch.tensor([1, 12])
+    )
     trimmed = s.trim(proposal)
     assert trimmed.lengths.tolist() == [0, 8]
     assert trimmed.tokens.shape == (2, 8) and s.acceptance(good)[7] > 0.9 and s.acceptance(bad)[0] < 0.01
@@ -248,8 +270,10 @@ def test_a_position_never_verified_inherits_the_estimate_of_the_one_before():
     s = CostAwareSchedule(flat_profile(c=0.0, slope=0.3), max_gamma=8)
     assert s.acceptance(2).tolist() == [0.5] * 8  # nothing observed: the prior everywhere
     for _ in range(20):  # chains trimmed to 2 drafts, both always accepted
-        s.observe(Proposal(torch.zeros(1, 2, dtype=torch.long), torch.tensor([2]), match_lengths=torch.tensor([2])),
-                  torch.tensor([2]))
+        s.observe(
+            Proposal(torch.zeros(1, 2, dtype=torch.long), torch.tensor([2]), match_lengths=torch.tensor([2])),
+            torch.tensor([2]),
+        )
     alpha = s.acceptance(match_bucket(2))
     assert alpha[0] == pytest.approx(21 / 22) and alpha[1] == pytest.approx((20 + 2 * 21 / 22) / 22)
     assert alpha[2] == pytest.approx(alpha[1])  # position 3, never tried, is not held at 1/2
@@ -273,7 +297,7 @@ def test_cost_aware_decoding_stays_lossless(batch, learn_costs):
     for prompt, result in zip(prompts, results):
         assert result.output_ids == hf_greedy(prompt, 20)
     assert accepted_share(results) > 0.1
-    model_drafter = tiny_random_model("llama", seed=1, num_layers=1)
+    model_drafter = ModelDrafter(tiny_random_model("llama", seed=1, num_layers=1))
     schedule = CostAwareSchedule(flat_profile(c=0.1, slope=0.05), max_gamma=6, learn_costs=learn_costs)
     results = engine(model_drafter, schedule=schedule).generate(prompts)
     for prompt, result in zip(prompts, results):

@@ -99,7 +99,9 @@ def decoding_block(verifier, draft, ids, anchor):
         states = verifier.model(torch.tensor([ids[:anchor]]), output_hidden_states=True).hidden_states
     features = torch.cat([states[i + 1] for i in draft.config.target_layer_ids], dim=-1)
     cache = draft.empty_cache(1)
-    cache.append(draft.context_kv(features, torch.arange(anchor)[None]), torch.ones(1, anchor, dtype=torch.bool))
+    cache.append(
+        draft.context_kv(features, torch.arange(anchor)[None]), torch.ones(1, anchor, dtype=torch.bool)
+    )
     block = draft.block_ids(torch.tensor([ids[anchor]]), WIDTH)
     positions = anchor + torch.arange(WIDTH)[None]
     return draft(draft.embed_block(block, verifier.model.get_input_embeddings()), positions, cache)[0, 1:]
@@ -158,7 +160,9 @@ def test_loss_is_the_decayed_weighted_cross_entropy_of_scored_slots(verifier, da
     gamma = 4.0
     vocab = DraftVocab(list(range(32, 100)) + [EOS_ID], VOCAB) if reduced else DraftVocab.full(VOCAB)
     with torch.no_grad():
-        out = block_loss(draft, verifier.model.get_input_embeddings(), head, batch, anchors, keep, WIDTH, gamma, vocab)
+        out = block_loss(
+            draft, verifier.model.get_input_embeddings(), head, batch, anchors, keep, WIDTH, gamma, vocab
+        )
         expected = _expected_loss(verifier, draft, rows, anchors, keep, head, gamma, vocab)
     total, weight, leading, correct, scored, outside = expected
     assert float(out["loss"]) == pytest.approx(total / weight, rel=1e-4)
@@ -259,7 +263,11 @@ def fit(cfg, verifier, out_dir, max_steps):
 
 def greedy_reference(verifier, prompt, max_new):
     out = verifier.model.generate(
-        torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=EOS_ID, pad_token_id=PAD_ID
+        torch.tensor([prompt]),
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
     )
     return out[0, len(prompt) :].tolist()
 
@@ -274,7 +282,11 @@ def test_lightning_fit_resumes_loads_for_lossless_decoding_and_exports(verifier,
     assert saved["state_dict"] and all(k.startswith("draft.") for k in saved["state_dict"])
     assert not any("embed_tokens" in k or "lm_head" in k for k in saved["state_dict"])  # shared, not saved
     meta = saved["specbench"]
-    assert meta["method"] == "dflash" and meta["dflash_config"]["dflash_config"]["target_layer_ids"] == [0, 2, 4]
+    assert meta["method"] == "dflash" and meta["dflash_config"]["dflash_config"]["target_layer_ids"] == [
+        0,
+        2,
+        4,
+    ]
     resumed, trainer2, _ = fit(cfg, verifier, tmp_path / "run", 4)
     assert trainer2.global_step == 4
     path = export_trained(resumed, resumed.metadata(), tmp_path / "trained.pt")
@@ -299,7 +311,9 @@ def test_lightning_fit_resumes_loads_for_lossless_decoding_and_exports(verifier,
     assert export_main([str(path), str(tmp_path / "small.pt"), "--compact"]) == 0
     small = dflash_drafter(str(tmp_path / "small.pt"), verifier, VOCAB)
     for name, param in resumed.draft.named_parameters():
-        torch.testing.assert_close(dict(small.model.named_parameters())[name], param.to(torch.bfloat16).float())
+        torch.testing.assert_close(
+            dict(small.model.named_parameters())[name], param.to(torch.bfloat16).float()
+        )
 
 
 def test_a_draft_vocabulary_is_trained_saved_and_drafted_over_losslessly(verifier, synth_dir, tmp_path):
@@ -327,7 +341,9 @@ def test_a_draft_vocabulary_is_trained_saved_and_drafted_over_losslessly(verifie
     assert [r.output_ids for r in results] == [greedy_reference(verifier, p, 12) for p in prompts]
     outside = torch.ones(VOCAB, dtype=torch.bool)
     outside[drafter.draft_vocab.draft_ids] = False
-    assert seen and all(torch.isinf(x[..., outside]).all() and torch.isfinite(x[..., ~outside]).all() for x in seen)
+    assert seen and all(
+        torch.isinf(x[..., outside]).all() and torch.isfinite(x[..., ~outside]).all() for x in seen
+    )
     assert export_main([str(path), str(tmp_path / "zlab")]) == 2  # the z-lab layout has no draft vocabulary
     assert export_main([str(path), str(tmp_path / "small.pt"), "--compact"]) == 0
 

@@ -32,6 +32,7 @@ from specbench.decoding.diversed import (
     pair_metadata,
 )
 from specbench.decoding.metrics import summarize
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.rules import one_step_distribution, pool_distributions
 from specbench.evaluation import result_from_row, saved_timing
 from specbench.models.early_exit import early_exit_drafter
@@ -88,8 +89,9 @@ def zero_weight_head(drafter_hidden: int, verifier_hidden: int) -> WeightHead:
 
 def engine(rule, drafter_kind="independent", schedule=None, **settings) -> SpeculativeEngine:
     settings.setdefault("max_new_tokens", MAX_NEW)
+    drafter = ModelDrafter(drafter_model(drafter_kind))
     return SpeculativeEngine(
-        verifier_model(), drafter_model(drafter_kind), rule=rule, schedule=schedule or DraftSchedule("constant", 3),
+        verifier_model(), drafter, rule=rule, schedule=schedule or DraftSchedule("constant", 3),
         settings=GenerationSettings(**settings), eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID,
     )  # fmt: skip
 
@@ -114,7 +116,9 @@ def test_head_starts_at_exactly_one_half_and_stays_float32():
         assert torch.equal(head.log_weights(d, v).exp(), torch.full((5, 7, 2), 0.5))
     head.to(torch.bfloat16)
     assert head.linear.weight.dtype == torch.float32
-    assert torch.equal(head(torch.randn(3, 32).bfloat16(), torch.randn(3, 64).bfloat16()), torch.full((3,), 0.5))
+    assert torch.equal(
+        head(torch.randn(3, 32).bfloat16(), torch.randn(3, 64).bfloat16()), torch.full((3,), 0.5)
+    )
     with pytest.raises(ValueError, match="hidden sizes 32/64"):
         head(torch.randn(3, 64), torch.randn(3, 64))
 
@@ -144,7 +148,9 @@ def test_zero_weights_give_the_sd_closed_form(pool):
     assert torch.equal(rule.residual(p, q, zeros), sd.residual(p, q))
     assert torch.allclose(one_step_distribution(rule, p, q, zeros), p, atol=1e-6)
     head = zero_weight_head(4, 4)
-    assert torch.equal(DiversedRule(head, pool).position_weights(torch.randn(6, 3, 4), torch.randn(6, 3, 4)), zeros)
+    assert torch.equal(
+        DiversedRule(head, pool).position_weights(torch.randn(6, 3, 4), torch.randn(6, 3, 4)), zeros
+    )
 
 
 @pytest.mark.parametrize("kind", ["independent", "perturbed", "early_exit"])
@@ -161,7 +167,8 @@ def test_zero_weight_head_reproduces_sd_greedy_and_sampled(kind, schedule, pool)
     ).generate(PROMPTS)  # fmt: skip
     assert [r.output_ids for r in greedy] == [r.output_ids for r in autoregressive]
     assert [r.output_ids for r in greedy] == [r.output_ids for r in reference]
-    # Sampling: identical acceptance probabilities and residuals, so the same random stream gives the same run.
+    # Sampling: identical acceptance probabilities and residuals, so the same random stream gives the same
+    # run.
     sampled = engine(DiversedRule(head, pool), kind, sched, temperature=1.0, seed=11).generate(PROMPTS)
     sd = engine(VerificationRule(), kind, sched, temperature=1.0, seed=11).generate(PROMPTS)
     assert [r.output_ids for r in sampled] == [r.output_ids for r in sd]
@@ -176,8 +183,12 @@ def test_zero_weight_head_reproduces_sd_greedy_and_sampled(kind, schedule, pool)
 def test_untrained_head_is_the_static_ensemble_at_one_half(temperature, pool):
     sched = DraftSchedule("constant", 3)
     head = WeightHead(hidden(drafter_model("perturbed")), hidden(verifier_model()))
-    ours = engine(DiversedRule(head, pool), "perturbed", sched, temperature=temperature, seed=3).generate(PROMPTS)
-    static = engine(EnsembleRule(0.5, pool), "perturbed", sched, temperature=temperature, seed=3).generate(PROMPTS)
+    ours = engine(DiversedRule(head, pool), "perturbed", sched, temperature=temperature, seed=3).generate(
+        PROMPTS
+    )
+    static = engine(EnsembleRule(0.5, pool), "perturbed", sched, temperature=temperature, seed=3).generate(
+        PROMPTS
+    )
     assert [r.output_ids for r in ours] == [r.output_ids for r in static]
 
 
@@ -194,7 +205,9 @@ def test_trained_like_head_runs_in_the_engine(kind, schedule, temperature):
     head = WeightHead(hidden(drafter_model(kind)), hidden(verifier_model()))
     with torch.no_grad():  # an input-dependent head
         head.linear.weight[0].normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
-    results = engine(DiversedRule(head), kind, sched, temperature=temperature, top_k=40, seed=2).generate(PROMPTS * 2)
+    results = engine(DiversedRule(head), kind, sched, temperature=temperature, top_k=40, seed=2).generate(
+        PROMPTS * 2
+    )
     weights = []
     for result in results:
         assert 1 <= len(result.output_ids) <= MAX_NEW
@@ -215,14 +228,22 @@ def test_trained_like_head_runs_in_the_engine(kind, schedule, temperature):
     rebuilt = [result_from_row({"output_ids": r.output_ids, "rounds": [[x.drafted, x.accepted] for x in r.rounds],
                                 **json.loads(json.dumps(saved_timing(r, 8)))}) for r in results]  # fmt: skip
     again = summarize(rebuilt, 1.0)
-    assert {k: v for k, v in again.items() if "weight" in k} == {k: v for k, v in metrics.items() if "weight" in k}
-    assert again["verifier_logp"] == pytest.approx(metrics["verifier_logp"])  # and the verifier log-likelihood
+    assert {k: v for k, v in again.items() if "weight" in k} == {
+        k: v for k, v in metrics.items() if "weight" in k
+    }
+    assert again["verifier_logp"] == pytest.approx(
+        metrics["verifier_logp"]
+    )  # and the verifier log-likelihood
 
 
 def test_fresh_rule_for_a_loaded_pair():
     verifier, drafter = pair("independent")
     rule = fresh_diversed_rule(verifier, drafter, "log_linear")
-    assert rule.pool == "log_linear" and rule.head.drafter_hidden_size == 32 and rule.head.verifier_hidden_size == 64
+    assert (
+        rule.pool == "log_linear"
+        and rule.head.drafter_hidden_size == 32
+        and rule.head.verifier_hidden_size == 64
+    )
     assert rule.metadata["verifier"] == "tiny-verifier"
 
 
@@ -253,7 +274,9 @@ def test_reinforce_raises_the_log_probability_of_a_rewarded_action(pool, reward_
 
     before = log_prob().detach()
     rewards = torch.full((8,), reward_sign)
-    loss, advantages = reinforce_loss(log_prob().unsqueeze(1), torch.ones(8, 1, dtype=torch.bool), rewards, 0.0)
+    loss, advantages = reinforce_loss(
+        log_prob().unsqueeze(1), torch.ones(8, 1, dtype=torch.bool), rewards, 0.0
+    )
     assert torch.equal(advantages, rewards)
     optimizer.zero_grad()
     loss.backward()
@@ -264,7 +287,9 @@ def test_reinforce_raises_the_log_probability_of_a_rewarded_action(pool, reward_
 
 def test_reinforce_with_the_baseline_ignores_a_constant_reward():
     log_probs = torch.randn(4, 3, requires_grad=True)
-    loss, advantages = reinforce_loss(log_probs, torch.ones(4, 3, dtype=torch.bool), torch.full((4,), 0.7), 0.7)
+    loss, advantages = reinforce_loss(
+        log_probs, torch.ones(4, 3, dtype=torch.bool), torch.full((4,), 0.7), 0.7
+    )
     loss.backward()
     assert torch.equal(advantages, torch.zeros(4)) and torch.equal(log_probs.grad, torch.zeros(4, 3))
     assert update_baseline(None, [0.2, 0.4], 0.9) == pytest.approx(0.3)
@@ -318,7 +343,18 @@ def test_rollout_samples_the_pool_and_carries_the_heads_graph():
     vocab = 259
     head = WeightHead(32, 64)
     ver, dra = CachedModel(verifier_model(), vocab), ModelDrafter(drafter_model("independent"), vocab)
-    out = rollout(head, ver, dra, PROMPTS, 10, Warping(1.0), "linear", (EOS_ID,), PAD_ID, torch.Generator().manual_seed(0))
+    out = rollout(
+        head,
+        ver,
+        dra,
+        PROMPTS,
+        10,
+        Warping(1.0),
+        "linear",
+        (EOS_ID,),
+        PAD_ID,
+        torch.Generator().manual_seed(0),
+    )
     assert out.tokens.shape[0] == 4 and out.tokens.shape[1] <= 10
     assert out.log_probs.requires_grad and torch.all(out.log_probs <= 0)
     assert torch.equal(out.weights.detach(), torch.full_like(out.weights, 0.5))
@@ -327,7 +363,9 @@ def test_rollout_samples_the_pool_and_carries_the_heads_graph():
     (out.log_probs * out.mask).sum().backward()
     assert head.linear.weight.grad is not None
     # Greedy rollouts with a zero-weight head are the verifier's greedy output.
-    greedy = rollout(zero_weight_head(32, 64), ver, dra, PROMPTS, MAX_NEW, Warping(0.0), "linear", (EOS_ID,), PAD_ID)
+    greedy = rollout(
+        zero_weight_head(32, 64), ver, dra, PROMPTS, MAX_NEW, Warping(0.0), "linear", (EOS_ID,), PAD_ID
+    )
     reference = engine(VerificationRule()).generate(PROMPTS)
     assert greedy.outputs() == [r.output_ids for r in reference]
 
@@ -373,7 +411,9 @@ def test_checkpoint_round_trip_and_pair_mismatch(tmp_path):
         assert load_diversed_rule(path, verifier, drafter, "log_linear").pool == "log_linear"
     # Another drafter (name and hidden size), another verifier name, another tokenizer.
     _, other_drafter = pair("perturbed")
-    with pytest.raises(CheckpointMismatchError, match=r"tiny-drafter-independent.*tiny-drafter-perturbed.*task=train"):
+    with pytest.raises(
+        CheckpointMismatchError, match=r"tiny-drafter-independent.*tiny-drafter-perturbed.*task=train"
+    ):
         load_diversed_rule(path, verifier, other_drafter)
     renamed = LoadedModel(verifier.model, verifier.tokenizer, verifier.spec, "another-verifier")
     with pytest.raises(CheckpointMismatchError, match="another-verifier"):
@@ -430,7 +470,10 @@ def _fit(tmp_path, max_steps: int, resume: bool):
     module, data = build_diversed_training(cfg, verifier, drafter, load_dataset_prompts(cfg.dataset))
     module.reward = _letters
     assert isinstance(module, DiversedModule) and not module.automatic_optimization
-    assert {n for n, p in module.named_parameters() if p.requires_grad} == {"head.linear.weight", "head.linear.bias"}
+    assert {n for n, p in module.named_parameters() if p.requires_grad} == {
+        "head.linear.weight",
+        "head.linear.bias",
+    }
     out = tmp_path / "run"
     start = _BaselineAtStart()
     trainer, metrics = build_trainer(cfg.train, out, NULL_TRACKER, torch.device("cpu"), callbacks=[start],
@@ -454,7 +497,9 @@ def test_short_training_run_checkpoints_and_resumes(tmp_path):
                 "train/loss_reg", "val/reward", "val/acceptance_rate"):  # fmt: skip
         assert key in metrics.last, key
     head_after_two = {k: v.clone() for k, v in module.head.state_dict().items()}
-    assert not torch.equal(head_after_two["linear.weight"][0], head_after_two["linear.weight"][1])  # it trained
+    assert not torch.equal(
+        head_after_two["linear.weight"][0], head_after_two["linear.weight"][1]
+    )  # it trained
 
     resumed, trainer2, _, _, _, _, start = _fit(tmp_path, 3, resume=True)
     assert trainer2.global_step == 3

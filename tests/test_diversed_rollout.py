@@ -15,7 +15,7 @@ from specbench.decoding.diversed import WeightHead
 from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.warping import Warping
 from specbench.drafters.eagle3 import Eagle3Drafter
-from specbench.drafters.eagle3_head import Eagle3Head
+from specbench.drafters.eagle3.head import Eagle3Head
 from specbench.drafters.prompt_lookup import PromptLookupDrafter
 from specbench.models.draft_vocab import DraftVocab
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
@@ -40,7 +40,9 @@ def eagle_drafter() -> Eagle3Drafter:
     """The same perturbed head on every call (its layers start from the seeded global RNG)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        head = Eagle3Head.for_verifier(verifier_model(), DraftVocab(torch.arange(0, VOCAB, 2), VOCAB))  # even ids
+        head = Eagle3Head.for_verifier(
+            verifier_model(), DraftVocab(torch.arange(0, VOCAB, 2), VOCAB)
+        )  # even ids
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for param in head.parameters():
@@ -83,7 +85,9 @@ def test_a_zero_draft_weight_rolls_out_the_verifiers_greedy_output(make_drafter)
 
 def test_a_full_draft_weight_rolls_out_the_model_drafters_own_greedy_output():
     # π = q: the rollout is the drafter decoding alone, so each q_t is the drafter's at the right position.
-    assert run(ModelDrafter(drafter_model(), VOCAB), 1.0).outputs() == autoregressive(drafter_model(), PROMPTS)
+    assert run(ModelDrafter(drafter_model(), VOCAB), 1.0).outputs() == autoregressive(
+        drafter_model(), PROMPTS
+    )
 
 
 def test_an_eagle_rollout_continues_as_a_rollout_restarted_from_its_own_prefix():
@@ -116,10 +120,13 @@ def test_the_policy_stream_does_not_depend_on_the_drafters_own_draws():
 def test_a_drafter_without_hidden_states_is_refused():
     with pytest.raises(ValueError, match="hidden states"):
         run_head = WeightHead(8, verifier_model().config.hidden_size)
-        rollout(run_head, CachedModel(verifier_model(), VOCAB), PromptLookupDrafter(), PROMPTS, 4, Warping(0.0))
+        rollout(
+            run_head, CachedModel(verifier_model(), VOCAB), PromptLookupDrafter(), PROMPTS, 4, Warping(0.0)
+        )
 
 
-# --- training the head over an EAGLE-3 drafter ---------------------------------------------------------------
+# --- training the head over an EAGLE-3 drafter
+# ---------------------------------------------------------------
 
 
 def _train_config(tmp_path, *drafter):
@@ -142,7 +149,9 @@ def test_diversed_training_accepts_an_eagle_head_and_refuses_a_lookup_drafter(tm
 
     head = tmp_path / "head.pt"
     head.write_bytes(b"")  # validation only checks that it exists (nothing loads)
-    plan = validate_train(_train_config(tmp_path, "model/drafter=eagle3", f"model.drafter.params.path={head}"))
+    plan = validate_train(
+        _train_config(tmp_path, "model/drafter=eagle3", f"model.drafter.params.path={head}")
+    )
     assert plan.method == "diversed" and plan.drafter.kind == "drafter"
     with pytest.raises(ConfigError, match="method=diversed pools the drafter's distribution q"):
         validate_train(_train_config(tmp_path, "model/drafter=prompt-lookup"))
@@ -160,7 +169,9 @@ def test_a_short_diversed_fit_over_an_eagle_head_trains_and_loads_for_decoding(t
     cfg = _train_config(tmp_path, "model/drafter=tiny-random")
     verifier = LoadedModel(verifier_model(), byte_tokenizer(), ModelSpec(kind="tiny_random"), "tiny-verifier")
     drafter = eagle_drafter()
-    prompts = [Prompt(i, f"Say {w}", reference=w) for i, w in enumerate(["hello", "cat", "dog", "sun", "sky", "red"])]
+    prompts = [
+        Prompt(i, f"Say {w}", reference=w) for i, w in enumerate(["hello", "cat", "dog", "sun", "sky", "red"])
+    ]
     module, data = build_diversed_training(cfg, verifier, drafter, prompts)
     module.reward = lambda texts, items: [float(len(t) % 3) / 2 for t in texts]  # any reward that varies
     start = {k: v.clone() for k, v in module.head.state_dict().items()}
@@ -171,7 +182,10 @@ def test_a_short_diversed_fit_over_an_eagle_head_trains_and_loads_for_decoding(t
     assert not torch.equal(start["linear.weight"], module.head.state_dict()["linear.weight"])
     path = export_trained(module, module.metadata(), tmp_path / "trained.pt")
     rule = load_diversed_rule(path, verifier, drafter)
-    assert module.metadata()["drafter"] == "eagle3" and module.metadata()["drafter_hidden_size"] == drafter.hidden_size
+    assert (
+        module.metadata()["drafter"] == "eagle3"
+        and module.metadata()["drafter_hidden_size"] == drafter.hidden_size
+    )
     assert torch.equal(rule.head.linear.weight, module.head.linear.weight)
 
 
@@ -184,7 +198,9 @@ def test_the_rollouts_verifier_log_likelihood_is_the_teacher_forced_one():
         assert out.mean_verifier_log_prob()[row] == pytest.approx(float(oracle), abs=1e-4)
 
 
-def test_the_verifier_likelihood_reward_needs_no_references_and_the_regulariser_alone_raises_the_weight(tmp_path):
+def test_the_verifier_likelihood_reward_needs_no_references_and_the_regulariser_alone_raises_the_weight(
+    tmp_path,
+):
     from specbench.config.train_checks import validate_train
     from specbench.data.prompts import Prompt
     from specbench.models.loading import LoadedModel, ModelSpec
@@ -232,8 +248,11 @@ def test_the_expected_log_likelihood_is_the_pools_expectation_with_its_gradient(
 
 
 @pytest.mark.parametrize("strength, direction", [(0.0, -1), (200.0, 1)])
-def test_the_expected_likelihood_objective_moves_the_weight_as_its_trade_off_says(tmp_path, strength, direction):
-    # Drafting from q costs verifier likelihood (Σ (p − q) log p > 0 here) and buys acceptance (λ·TV): with λ = 0
+def test_the_expected_likelihood_objective_moves_the_weight_as_its_trade_off_says(
+    tmp_path, strength, direction
+):
+    # Drafting from q costs verifier likelihood (Σ (p − q) log p > 0 here) and buys acceptance (λ·TV): with λ
+    # = 0
     # the head lowers w, with a large λ it raises it.
     from omegaconf import OmegaConf
 
@@ -251,7 +270,9 @@ def test_the_expected_likelihood_objective_moves_the_weight_as_its_trade_off_say
     prompts = [Prompt(i, f"Say {w}") for i, w in enumerate(["hello", "cat", "dog", "sun", "sky", "red"])]
     module, data = build_diversed_training(cfg, verifier, ModelDrafter(drafter_model(), VOCAB), prompts)
     before = module.rollout(data.train_items[:2]).weights.mean().item()
-    trainer, _ = build_trainer(cfg.train, tmp_path / "run", NULL_TRACKER, torch.device("cpu"), automatic_optimization=False)
+    trainer, _ = build_trainer(
+        cfg.train, tmp_path / "run", NULL_TRACKER, torch.device("cpu"), automatic_optimization=False
+    )
     trainer.fit(module, datamodule=data)
     after = module.rollout(data.train_items[:2]).weights.mean().item()
     assert direction * (after - before) > 0.05
@@ -263,12 +284,16 @@ def test_the_gate_loss_is_cross_entropy_against_the_per_token_optimum():
     from specbench.training.diversed_objective import gate_loss
 
     cost = torch.tensor([[1.0, 6.0, 2.0, 9.0]])
-    tv = torch.tensor([[0.5, 0.5, 0.1, 0.9]])  # with λ = 5: labels 1, 0, 0, 0 (1 < 2.5, 6 > 2.5, 2 > 0.5, 9 > 4.5)
+    tv = torch.tensor(
+        [[0.5, 0.5, 0.1, 0.9]]
+    )  # with λ = 5: labels 1, 0, 0, 0 (1 < 2.5, 6 > 2.5, 2 > 0.5, 9 > 4.5)
     w = torch.tensor([[0.9, 0.2, 0.3, 0.6]], requires_grad=True)
     mask = torch.tensor([[True, True, True, False]])
     out = SimpleNamespace(drafting_cost=cost, verifier_agreement=1 - tv, weights=w, mask=mask)
     loss = gate_loss(out, 5.0)
-    expected = -(torch.log(torch.tensor(0.9)) + torch.log(torch.tensor(0.8)) + torch.log(torch.tensor(0.7))) / 3
+    expected = (
+        -(torch.log(torch.tensor(0.9)) + torch.log(torch.tensor(0.8)) + torch.log(torch.tensor(0.7))) / 3
+    )
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
     loss.backward()
     assert w.grad[0, 0] < 0 and w.grad[0, 1] > 0 and w.grad[0, 3] == 0  # towards the labels; masked out: none

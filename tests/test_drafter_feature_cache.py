@@ -49,7 +49,9 @@ def tiny_verifier(seed=0) -> LoadedModel:
 
 def tiny_drafter(vocab: DraftVocab | None = None) -> LoadedModel:
     spec = ModelSpec(kind="tiny_random", name="tiny-cache-drafter", num_layers=2, seed=1)
-    return LoadedModel(tiny_random_model("llama", seed=1, num_layers=2), byte_tokenizer(), spec, spec.name, vocab)
+    return LoadedModel(
+        tiny_random_model("llama", seed=1, num_layers=2), byte_tokenizer(), spec, spec.name, vocab
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,9 @@ def sample(verifier, out, count=16):
     """task=synth rows of the tiny verifier at T = 1 (every row differs)."""
     words = ["apple", "river", "stone", "cloud", "engine", "garden", "violin", "planet"]
     prompts = [Prompt(i, f"{words[i % 8]} {words[(3 * i + 1) % 8]} {i}") for i in range(count)]
-    settings = SynthSettings(target_len=64, max_prompt_len=44, temperature=1.0, batch_size=8, validation_fraction=0.25)
+    settings = SynthSettings(
+        target_len=64, max_prompt_len=44, temperature=1.0, batch_size=8, validation_fraction=0.25
+    )
     synthesize(verifier, prompts, settings, out, progress=False)
     return out
 
@@ -87,7 +91,13 @@ def config(synth_dir, cache=None, **overrides):
         "feature_batch_size": 4,
     }  # fmt: skip
     train.update(overrides)
-    steering = {"finetune_drafter": "full", "v_layers": V_LAYERS, "guide_method": "merged", "d_layers": "all", "rank": None}
+    steering = {
+        "finetune_drafter": "full",
+        "v_layers": V_LAYERS,
+        "guide_method": "merged",
+        "d_layers": "all",
+        "rank": None,
+    }
     return SimpleNamespace(train=SimpleNamespace(**train), steering=SimpleNamespace(**steering))
 
 
@@ -122,7 +132,9 @@ def loss_and_grad(module, batch, offset, phase=0):
     module.zero_grad()
     out = module.losses(batch, offset, phase)
     out["loss"].backward()
-    grads = torch.cat([p.grad.flatten() for p in module.parameters() if p.requires_grad and p.grad is not None])
+    grads = torch.cat(
+        [p.grad.flatten() for p in module.parameters() if p.requires_grad and p.grad is not None]
+    )
     return out["loss"].detach(), grads
 
 
@@ -139,7 +151,9 @@ def assert_grads_close(a, b):
     [("distill", "random", None, None), ("sd2", "random", None, None), ("sd2", "blocked", None, None),
      ("sd2", "blocked", 48, 8), ("distill", "random", 48, None)],
 )  # fmt: skip
-def test_cached_loss_and_gradient_equal_the_live_ones(verifier, synth_dir, vocab, tmp_path, method, offset, vocab_size, top_k):
+def test_cached_loss_and_gradient_equal_the_live_ones(
+    verifier, synth_dir, vocab, tmp_path, method, offset, vocab_size, top_k
+):
     cfg = config(synth_dir, tmp_path / "features", offset=offset, feature_top_k=top_k)
     module, data = build(cfg, method, verifier, vocab if vocab_size else None)
     with count_forwards(verifier) as forwards:
@@ -187,13 +201,17 @@ def fit(cfg, method, verifier, out_dir, vocab=None):
 
 
 @pytest.mark.parametrize("first,second", [("distill", "sd2"), ("sd2", "distill")])
-def test_one_cache_serves_a_distill_and_an_sd2_run_with_one_verifier_pass(verifier, synth_dir, tmp_path, first, second):
+def test_one_cache_serves_a_distill_and_an_sd2_run_with_one_verifier_pass(
+    verifier, synth_dir, tmp_path, first, second
+):
     cache = tmp_path / "features"
     rows = load_synthetic(str(synth_dir))[0]
     with count_forwards(verifier) as forwards:
         _, trainer, _ = fit(config(synth_dir, cache), first, verifier, tmp_path / first)
         assert trainer.global_step == 2
-        assert forwards[0] == sum(-(-len(rows[s]) // 4) for s in ("train", "validation"))  # the build's batches
+        assert forwards[0] == sum(
+            -(-len(rows[s]) // 4) for s in ("train", "validation")
+        )  # the build's batches
         meta = json.loads((cache / "features.json").read_text())
         assert meta["identity"]["taps"] == V_LAYERS  # a distill run stores SD²'s taps as well
         stamp, built = (cache / "features.json").stat().st_mtime_ns, forwards[0]
@@ -243,7 +261,9 @@ def reference_divergence(verifier, drafter_model, batch, vocab, kind, top_k=None
 
 
 @pytest.mark.parametrize("kind,top_k", [("kl", None), ("rkl", None), ("tvd", None), ("kl", 8), ("tvd", 8)])
-def test_the_draft_vocabulary_loss_is_the_restricted_renormalised_divergence(verifier, synth_dir, vocab, kind, top_k):
+def test_the_draft_vocabulary_loss_is_the_restricted_renormalised_divergence(
+    verifier, synth_dir, vocab, kind, top_k
+):
     module, data = build(config(synth_dir, loss=kind, feature_top_k=top_k), "distill", verifier, vocab)
     batch = first_batch(data)
     head = module.drafter.get_output_embeddings()
@@ -270,39 +290,63 @@ def test_rkl_with_top_k_targets_is_refused(verifier, synth_dir):
 # --- fit, export, decode -----------------------------------------------------------------------------------
 
 
-def test_fit_with_cache_and_draft_vocabulary_exports_and_decodes_losslessly(verifier, synth_dir, vocab, tmp_path):
+def test_fit_with_cache_and_draft_vocabulary_exports_and_decodes_losslessly(
+    verifier, synth_dir, vocab, tmp_path
+):
     cfg = config(synth_dir, tmp_path / "features", val_prompts=1, max_offset=3)
     module, trainer, metrics = fit(cfg, "sd2", verifier, tmp_path / "run", vocab)
     assert trainer.global_step == 2 and metrics.last["val/tau"] >= 1.0
     path = export_trained(module, module.metadata(), tmp_path / "trained.pt")
     meta = module.metadata()
-    assert meta["draft_vocab_ids"] == vocab.draft_ids.tolist() and meta["draft_vocab_fingerprint"] == vocab.fingerprint()
+    assert (
+        meta["draft_vocab_ids"] == vocab.draft_ids.tolist()
+        and meta["draft_vocab_fingerprint"] == vocab.fingerprint()
+    )
     trained = load_trained_drafter(path, tiny_verifier(), tiny_drafter(), "sd2")
     assert trained.drafter.draft_vocab == vocab  # decodes with the vocabulary it was trained over
     for name, param in module.drafter.state_dict().items():
         torch.testing.assert_close(trained.drafter.model.state_dict()[name], param)
     settings = GenerationSettings(max_new_tokens=16)
     engine, reference = build_engines(
-        verifier, trained.drafter, VerificationRule(), DraftSchedule("constant", 3), settings, steering=trained.steering
+        verifier,
+        trained.drafter,
+        VerificationRule(),
+        DraftSchedule("constant", 3),
+        settings,
+        steering=trained.steering,
     )
     assert engine.drafter.draft_vocab == vocab
-    prompts = [row["input_ids"][: row["prompt_len"]] for row in load_synthetic(str(synth_dir))[0]["validation"]][:3]
+    prompts = [
+        row["input_ids"][: row["prompt_len"]] for row in load_synthetic(str(synth_dir))[0]["validation"]
+    ][:3]
     results = engine.generate(prompts)
     assert [r.output_ids for r in results] == [r.output_ids for r in reference.generate(prompts)]
     outside = DraftVocab(list(range(48)), VOCAB)
     with pytest.raises(CheckpointMismatchError, match="was trained over another one of 48"):
         load_trained_drafter(path, verifier, tiny_drafter(outside), "sd2")
     spec = ModelSpec(kind="tiny_random", draft_vocab_size=32)
-    with pytest.raises(ConfigError, match="draft_vocab_size=32, but steering.checkpoint=.* 48 tokens") as info:
+    with pytest.raises(
+        ConfigError, match="draft_vocab_size=32, but steering.checkpoint=.* 48 tokens"
+    ) as info:
         trained_vocab_spec(spec, str(path), "steering.checkpoint")
     assert "\n" not in str(info.value)
-    assert trained_vocab_spec(ModelSpec(kind="tiny_random", draft_vocab_size=48), str(path), "k").draft_vocab_size is None
+    assert (
+        trained_vocab_spec(
+            ModelSpec(kind="tiny_random", draft_vocab_size=48), str(path), "k"
+        ).draft_vocab_size
+        is None
+    )
 
 
 def test_train_with_cache_and_vocabulary_then_eval_through_launch(tmp_path):
     """task=train method=distill then sd2 on one cache (built once), over a draft vocabulary; task=eval
     decodes with the checkpoint's vocabulary and refuses another size in one line."""
-    tiny = ["model/verifier=tiny-random", "model/drafter=tiny-random", "runtime.num_threads=1", "tracking=none"]
+    tiny = [
+        "model/verifier=tiny-random",
+        "model/drafter=tiny-random",
+        "runtime.num_threads=1",
+        "tracking=none",
+    ]
     synth = tmp_path / "synth"
     proc = launch(["task=synth", *tiny, "dataset=demo", "synth.target_len=80", "synth.max_prompt_len=60",
                    f"synth.output_dir={synth}", f"hydra.run.dir={tmp_path / 'h-synth'}"])  # fmt: skip
@@ -313,7 +357,9 @@ def test_train_with_cache_and_vocabulary_then_eval_through_launch(tmp_path):
     logs = []
     for method in (["method=distill", "steering=none"], ["method=sd2", "steering=sd2"]):
         out = tmp_path / method[0].split("=")[1]
-        proc = launch(["task=train", *method, *common, f"train.output_dir={out}", f"hydra.run.dir={out / 'h'}"])
+        proc = launch(
+            ["task=train", *method, *common, f"train.output_dir={out}", f"hydra.run.dir={out / 'h'}"]
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         logs.append(proc.stdout + proc.stderr)
     assert "feature cache written" in logs[0] and "feature cache written" not in logs[1]

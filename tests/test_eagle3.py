@@ -1,4 +1,4 @@
-"""EAGLE-3 heads (specbench/drafters/eagle3.py, eagle3_format.py; specbench/training/eagle3.py, features.py).
+"""EAGLE-3 heads (the specbench/drafters/eagle3/ package; specbench/training/eagle3.py, features.py).
 
 Taps pinned against the verifier's own forward and SpecForge / vLLM indices; training-time test that
 reproduces decoding (same inputs at the same positions, same logits at every depth); a TTT run that
@@ -26,13 +26,13 @@ from specbench.decoding.schedules import DraftSchedule
 from specbench.decoding.warping import Warping
 from specbench.drafters.base import VerifierView
 from specbench.drafters.eagle3 import Eagle3Drafter
-from specbench.drafters.eagle3_format import (
+from specbench.drafters.eagle3.format import (
     Eagle3FormatError,
     export_eagle3,
     load_eagle3_drafter,
     load_eagle3_pretrained,
 )
-from specbench.drafters.eagle3_head import Eagle3Head, default_taps, resolve_taps
+from specbench.drafters.eagle3.head import Eagle3Head, default_taps, resolve_taps
 from specbench.models.draft_vocab import DraftVocab
 from specbench.models.loading import LoadedModel, ModelSpec, load_verifier
 from specbench.models.pair import CheckpointMismatchError
@@ -42,8 +42,8 @@ from specbench.pipelines.synthesize import synthesize
 from specbench.training.batches import TargetSpec, verifier_batch, verifier_taps
 from specbench.training.eagle3 import (
     build_eagle3_training,
+    chain_tau_estimate,
     collate,
-    tau_estimate,
     ttt_chains,
     ttt_loss,
 )
@@ -307,10 +307,10 @@ def test_training_time_test_lowers_the_loss_on_a_tiny_run(verifier, data):
     assert int(last["correct"][0]) > 2 * int(first["correct"][0]) + 5
 
 
-def test_tau_estimate_is_the_expected_accepted_chain():
-    assert tau_estimate([]) == 1.0
-    assert tau_estimate([1.0, 1.0, 1.0]) == 4.0
-    assert math.isclose(tau_estimate([0.5, 0.5]), 1 + 0.5 + 0.25)
+def test_chain_tau_estimate_is_the_expected_accepted_chain():
+    assert chain_tau_estimate([]) == 1.0
+    assert chain_tau_estimate([1.0, 1.0, 1.0]) == 4.0
+    assert math.isclose(chain_tau_estimate([0.5, 0.5]), 1 + 0.5 + 0.25)
 
 
 # --- decoding through the engine ---------------------------------------------------------------------------
@@ -689,7 +689,9 @@ def test_lightning_fit_checkpoints_the_head_resumes_and_loads_for_decoding(verif
     torch.testing.assert_close(reloaded.head.lm_head.weight, rows)
 
 
-def test_init_head_starts_training_from_a_trained_head_over_another_draft_vocabulary(verifier, synth_dir, tmp_path):
+def test_init_head_starts_training_from_a_trained_head_over_another_draft_vocabulary(
+    verifier, synth_dir, tmp_path
+):
     first = train_cfg(synth_dir, tmp_path, feature_cache=None, val_prompts=0, draft_vocab_size=40)
     trained, _, _ = fit(first, verifier, tmp_path / "first", 1)
     path = export_trained(trained, trained.metadata(), tmp_path / "first.pt")
@@ -719,7 +721,7 @@ def test_init_head_starts_training_from_a_trained_head_over_another_draft_vocabu
 
 
 def test_export_command_writes_the_eagle_layout_for_a_trained_head(tmp_path):
-    from specbench.drafters.eagle3_format import main
+    from specbench.drafters.eagle3.format import main
     from specbench.training.eagle3 import Eagle3Training, head_metadata
 
     model_dir = tmp_path / "verifier"
@@ -745,7 +747,7 @@ def test_export_command_writes_the_eagle_layout_for_a_trained_head(tmp_path):
 
 
 def test_compact_writes_bf16_weights_that_load_as_the_rounded_head(verifier, tmp_path):
-    from specbench.drafters.eagle3_format import main
+    from specbench.drafters.eagle3.format import main
     from specbench.training.eagle3 import Eagle3Training, head_metadata
 
     vocab = DraftVocab(list(range(0, VOCAB, 3)), VOCAB)
@@ -785,17 +787,21 @@ def test_init_layer_from_the_verifier_starts_as_its_last_layer_on_the_highest_ta
     for name, param in last.mlp.named_parameters():
         torch.testing.assert_close(dict(head.midlayer.mlp.named_parameters())[name], param)
     torch.testing.assert_close(head.midlayer.hidden_norm.weight, last.input_layernorm.weight)
-    assert not torch.equal(head.midlayer.hidden_norm.weight, torch.ones_like(head.midlayer.hidden_norm.weight))
+    assert not torch.equal(
+        head.midlayer.hidden_norm.weight, torch.ones_like(head.midlayer.hidden_norm.weight)
+    )
 
 
 @pytest.mark.slow
 def test_the_committed_head_loads_for_the_embedded_verifier_and_decodes_losslessly():
-    from specbench.drafters.eagle3_format import eagle3_drafter
+    from specbench.drafters.eagle3.format import eagle3_drafter
     from specbench.evaluation import eos_token_ids
 
     embedded = load_verifier(ModelSpec(kind="embedded"), device="cpu", dtype="float32")
     vocab = len(embedded.tokenizer)
-    drafter = eagle3_drafter("checkpoints/eagle3-smollm2-135m/trained.pt", embedded, vocab)  # project-relative
+    drafter = eagle3_drafter(
+        "checkpoints/eagle3-smollm2-135m/trained.pt", embedded, vocab
+    )  # project-relative
     assert drafter.head.taps == (2, 15, 27) and drafter.head.vocab.size == 8192
     prompt = embedded.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Name three colours of the rainbow."}], add_generation_prompt=True
@@ -810,3 +816,18 @@ def test_the_committed_head_loads_for_the_embedded_verifier_and_decodes_lossless
     result = engine.generate([list(ids)])[0]
     assert result.output_ids == plain.generate([list(ids)])[0].output_ids
     assert sum(r.accepted for r in result.rounds) > 0  # the trained head's drafts are accepted
+
+
+def test_the_package_and_the_old_module_path_name_the_same_objects():
+    from specbench.drafters import eagle3
+    from specbench.drafters.eagle3 import format as public
+    from specbench.targets import import_target
+
+    assert import_target("specbench.drafters.eagle3.Eagle3Drafter") is Eagle3Drafter
+    assert (
+        import_target("specbench.drafters.eagle3.eagle3_drafter")
+        is public.eagle3_drafter
+        is eagle3.eagle3_drafter
+    )
+    assert import_target("specbench.drafters.eagle3_format.eagle3_drafter") is public.eagle3_drafter
+    assert import_target("specbench.drafters.eagle3_format.resolve_head_path") is public.resolve_head_path

@@ -25,6 +25,7 @@ from specbench.decoding import (
     TypicalRule,
     VerificationRule,
 )
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 
 ARCHS = ("llama", "qwen3")
@@ -74,7 +75,7 @@ def make_engine(arch, drafter_kind, rule=None, schedule=None, eos=(EOS_ID,), **s
     settings.setdefault("max_new_tokens", MAX_NEW)
     return SpeculativeEngine(
         verifier(arch),
-        drafter(arch, drafter_kind) if drafter_kind else None,
+        ModelDrafter(drafter(arch, drafter_kind)) if drafter_kind else None,
         rule=rule,
         schedule=schedule,
         settings=GenerationSettings(**settings),
@@ -166,8 +167,10 @@ def test_lossless_greedy_equals_hf_greedy(rule, arch, kind, schedule, gamma, bat
 def test_drafters_span_the_acceptance_range():
     """The fixture drafters do what their names say (guards the lossless matrix above against vacuity)."""
     for arch in ARCHS:
-        rates = {kind: acceptance(make_engine(arch, kind, schedule=make_schedule("constant", 3)).generate(PROMPTS))
-                 for kind in DRAFTERS}
+        rates = {
+            kind: acceptance(make_engine(arch, kind, schedule=make_schedule("constant", 3)).generate(PROMPTS))
+            for kind in DRAFTERS
+        }
         assert rates["self"] == 1.0
         assert 0.2 < rates["perturbed"] < 0.9, rates
         assert rates["independent"] < 0.1, rates
@@ -204,7 +207,9 @@ def test_heuristic_schedule_state_resets_between_calls():
     assert drafted[:3] == [2, 4, 6]  # all accepted: γ += 2 per round
     assert [r.drafted for r in second.rounds] == drafted
     # A rejecting drafter shrinks γ to 1 and keeps it there.
-    rejecting = make_engine("llama", "independent", schedule=make_schedule("heuristic", 4)).generate([PROMPTS[1]])[0]
+    rejecting = make_engine("llama", "independent", schedule=make_schedule("heuristic", 4)).generate(
+        [PROMPTS[1]]
+    )[0]
     assert [r.drafted for r in rejecting.rounds][:4] == [4, 3, 2, 1]
 
 
@@ -231,12 +236,13 @@ def test_differently_padded_lm_heads_share_the_tokenizer_vocabulary():
     """Verifier head 320 rows, drafter head 288 rows: p and q are sliced to the shared vocabulary (§1)."""
     draft = tiny_random_model("llama", seed=1, num_layers=1, vocab_size=288)
     sched = make_schedule("constant", 3)
-    engine = SpeculativeEngine(verifier("llama"), draft, schedule=sched, settings=GenerationSettings(MAX_NEW),
+    engine = SpeculativeEngine(verifier("llama"), ModelDrafter(draft, 259), schedule=sched,
+                               settings=GenerationSettings(MAX_NEW),
                                vocab_size=259, eos_token_ids=[EOS_ID], pad_token_id=PAD_ID)
     for prompt, result in zip(PROMPTS, engine.generate(PROMPTS)):
         # The verifier's padded rows (logit 0) are never its greedy argmax here, so HF greedy is the oracle.
         assert result.output_ids == hf_greedy("llama", tuple(prompt))
-    engine = SpeculativeEngine(verifier("llama"), draft, schedule=sched,
+    engine = SpeculativeEngine(verifier("llama"), ModelDrafter(draft, 259), schedule=sched,
                                settings=GenerationSettings(MAX_NEW, temperature=1.0, seed=2), vocab_size=259,
                                eos_token_ids=[EOS_ID], pad_token_id=PAD_ID)
     for result in engine.generate(PROMPTS * 8):
@@ -292,6 +298,13 @@ def test_several_eos_ids():
         check_records(result, MAX_NEW, make_schedule("constant", 3), eos=eos)
 
 
+def test_the_engine_takes_drafters_only_and_names_the_model_wrapper():
+    with pytest.raises(TypeError, match="ModelDrafter"):
+        SpeculativeEngine(verifier("llama"), drafter("llama", "independent"))
+    engine = SpeculativeEngine(verifier("llama"), ModelDrafter(drafter("llama", "independent")))
+    assert isinstance(engine.drafter, ModelDrafter) and engine.drafter.lm_head_rows == 320
+
+
 def test_eos_token_from_the_lm_head_bias():
     """A verifier whose LM head emits the real EOS id mid-way: rows stop right after EOS, like HF generate.
 
@@ -305,9 +318,14 @@ def test_eos_token_from_the_lm_head_bias():
         model.lm_head.weight[EOS_ID] = model.lm_head.weight[follow] * 1.5
     sched = make_schedule("constant", 3)
     for draft_model in (model, copy.deepcopy(drafter(arch, "perturbed"))):
-        engine = SpeculativeEngine(model, draft_model, schedule=sched,
-                                   settings=GenerationSettings(max_new_tokens=MAX_NEW), eos_token_ids=[EOS_ID],
-                                   pad_token_id=PAD_ID)
+        engine = SpeculativeEngine(
+            model,
+            ModelDrafter(draft_model),
+            schedule=sched,
+            settings=GenerationSettings(max_new_tokens=MAX_NEW),
+            eos_token_ids=[EOS_ID],
+            pad_token_id=PAD_ID,
+        )
         results = engine.generate(PROMPTS)
         for prompt, result in zip(PROMPTS, results):
             expected = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=MAX_NEW,
@@ -373,8 +391,16 @@ def test_sampling_distribution_test_has_power():
     arch = "llama"
     prompt = PROMPTS[1]
     # An independent drafter: the bug must show against a drafter that really differs from the verifier.
-    engine = make_engine(arch, "independent", EnsembleRule(1.0), make_schedule("constant", 4), temperature=1.0,
-                         max_new_tokens=3, seed=99, eos=())
+    engine = make_engine(
+        arch,
+        "independent",
+        EnsembleRule(1.0),
+        make_schedule("constant", 4),
+        temperature=1.0,
+        max_new_tokens=3,
+        seed=99,
+        eos=(),
+    )
     outs = np.array([r.output_ids for r in engine.generate([prompt] * (SAMPLE_ROWS // 2))])
     _p1, joint = exact_first_tokens(verifier(arch), prompt)
     counts12 = np.bincount(outs[:, 0] * 320 + outs[:, 1], minlength=320 * 320)
@@ -392,8 +418,15 @@ def test_sampling_is_reproducible_with_the_same_seed(kind):
     assert first == again
     assert first != other
     # reseed() restarts the stream of one engine.
-    engine = make_engine("qwen3", kind, schedule=make_schedule("constant", 3), temperature=1.0, top_k=50, seed=7,
-                         max_new_tokens=12)
+    engine = make_engine(
+        "qwen3",
+        kind,
+        schedule=make_schedule("constant", 3),
+        temperature=1.0,
+        top_k=50,
+        seed=7,
+        max_new_tokens=12,
+    )
     engine.generate(PROMPTS)
     engine.reseed(7)
     assert [r.output_ids for r in engine.generate(PROMPTS)] == first
@@ -420,7 +453,8 @@ def test_lossy_rules_run_end_to_end(rule, temperature):
 
 
 def teacher_forced_logp(arch: str, prompt: list[int], output: list[int]) -> float:
-    """Oracle: the verifier's mean log-likelihood per output token, from one plain forward over prompt + output."""
+    """Oracle: the verifier's mean log-likelihood per output token, from one plain forward over prompt +
+    output."""
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
         logits = verifier(arch)(ids).logits[0, len(prompt) - 1 : -1].float()
@@ -431,13 +465,16 @@ def teacher_forced_logp(arch: str, prompt: list[int], output: list[int]) -> floa
                          ids=["auto", "sd", "static-0.7", "lossy-0.3"])  # fmt: skip
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_recorded_verifier_log_likelihood_is_the_teacher_forced_one(rule, temperature):
-    # Every emitted token (accepted drafts, corrections, bonus tokens, a truncated last round) is counted once,
+    # Every emitted token (accepted drafts, corrections, bonus tokens, a truncated last round) is counted
+    # once,
     # under the untempered verifier distribution, whatever the rule and batch padding.
     engine = make_engine("llama", "perturbed" if rule else None, rule, make_schedule("constant", 3),
                          temperature=temperature, seed=2, max_new_tokens=15)  # fmt: skip
     results = engine.generate(PROMPTS)
     for prompt, result in zip(PROMPTS, results):
-        assert result.verifier_logp == pytest.approx(teacher_forced_logp("llama", prompt, result.output_ids), abs=1e-4)
+        assert result.verifier_logp == pytest.approx(
+            teacher_forced_logp("llama", prompt, result.output_ids), abs=1e-4
+        )
     from specbench.decoding.metrics import summarize
 
     tokens = sum(len(r.output_ids) for r in results)
@@ -447,8 +484,15 @@ def test_recorded_verifier_log_likelihood_is_the_teacher_forced_one(rule, temper
 
 def test_log_linear_ensemble_with_top_k_sampling_does_not_crash():
     """top-k truncation gives p and q disjoint supports; the log-linear pool is then 0/0 (see test_rules)."""
-    engine = make_engine("llama", "independent", EnsembleRule(0.5, "log_linear"), make_schedule("constant", 3),
-                         temperature=1.0, top_k=1, seed=0)
+    engine = make_engine(
+        "llama",
+        "independent",
+        EnsembleRule(0.5, "log_linear"),
+        make_schedule("constant", 3),
+        temperature=1.0,
+        top_k=1,
+        seed=0,
+    )
     for result in engine.generate(PROMPTS):
         check_records(result, MAX_NEW, make_schedule("constant", 3))
 

@@ -226,8 +226,13 @@ def test_format_table_rows():
     assert lines[3].split() == ["autoregressive", "1.00", "-", "20.0", "1.00x"]
 
 
-@pytest.mark.parametrize("rate, line", [(1.0, "outputs identical to autoregressive decoding: 100% of prompts"),
-                                        (0.5, "outputs identical to autoregressive decoding: 50% of prompts (a")])
+@pytest.mark.parametrize(
+    "rate, line",
+    [
+        (1.0, "outputs identical to autoregressive decoding: 100% of prompts"),
+        (0.5, "outputs identical to autoregressive decoding: 50% of prompts (a"),
+    ],
+)
 def test_the_table_says_whether_outputs_equal_autoregressive_decoding_and_where_it_ran(rate, line):
     metrics = {"method": "sd", "schedule": "constant", "gamma": 10, "tau": 1.4, "acceptance_rate": 0.3,
                "tokens_per_s": 25.0, "speedup": 1.4, "baseline_new_tokens": 10, "baseline_tokens_per_s": 18.0,
@@ -304,10 +309,26 @@ def test_the_table_names_the_method_parameters_and_stays_aligned_for_long_labels
             "speedup": 1.5, "baseline_new_tokens": 10, "baseline_tokens_per_s": 20.0, "baseline_wall_time_s": 0.5,
             "verifier": "v", "drafter": "d", "num_samples": 2, "prompt_format": "chat", "new_tokens": 10,
             "wall_time_s": 0.3}  # fmt: skip
-    ensemble = {**base, "method": "static_ensemble", "method_draft_weight": 0.30000000000000004, "method_pool": "linear"}
+    ensemble = {
+        **base,
+        "method": "static_ensemble",
+        "method_draft_weight": 0.30000000000000004,
+        "method_pool": "linear",
+    }
     lossy = {**base, "method": "lossy", "method_lenience": 0.5}
-    cascade = {**base, "method": "cascade", "method_deferral": "chow", "method_alpha": 0.1, "schedule": "dynamic"}
-    diversed = {**base, "method": "diversed", "method_checkpoint": "none (untrained)", "untrained": "x is null"}
+    cascade = {
+        **base,
+        "method": "cascade",
+        "method_deferral": "chow",
+        "method_alpha": 0.1,
+        "schedule": "dynamic",
+    }
+    diversed = {
+        **base,
+        "method": "diversed",
+        "method_checkpoint": "none (untrained)",
+        "untrained": "x is null",
+    }
     labels = {}
     for metrics in (ensemble, lossy, cascade, diversed):
         lines = format_table(metrics).splitlines()

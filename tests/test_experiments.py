@@ -32,7 +32,12 @@ PRESETS = {
     "diversed-xsum-llama3": {**DIVERSED, "dataset": "xsum"},
     "diversed-mbpp-llama3": {**DIVERSED, "dataset": "mbpp"},
     **{
-        f"diversed-{data}-qwen3": {**DIVERSED, "verifier": "Qwen/Qwen3-8B", "drafter": "Qwen/Qwen3-0.6B", "dataset": data}
+        f"diversed-{data}-qwen3": {
+            **DIVERSED,
+            "verifier": "Qwen/Qwen3-8B",
+            "drafter": "Qwen/Qwen3-0.6B",
+            "dataset": data,
+        }
         for data in ("cnndm", "gsm8k", "xsum", "mbpp")
     },
     "cpu-diversed-translation": {
@@ -74,17 +79,38 @@ PRESETS = {
         "dataset": "spec_bench",
         "device": "cpu",
     },
-    "llama3-70b-sd": {"verifier": "meta-llama/Llama-3.3-70B-Instruct", "drafter": LLAMA_1B, "method": "sd",
-                      "gamma": 5, "temperature": 0.0},
-    "llama3-70b-eagle3": {"verifier": "meta-llama/Llama-3.3-70B-Instruct", "drafter_kind": "drafter",
-                          "method": "sd", "gamma": 6},
+    "llama3-70b-sd": {
+        "verifier": "meta-llama/Llama-3.3-70B-Instruct",
+        "drafter": LLAMA_1B,
+        "method": "sd",
+        "gamma": 5,
+        "temperature": 0.0,
+    },
+    "llama3-70b-eagle3": {
+        "verifier": "meta-llama/Llama-3.3-70B-Instruct",
+        "drafter_kind": "drafter",
+        "method": "sd",
+        "gamma": 6,
+    },
     **{
-        f"eagle3-{family}": {"verifier": verifier, "drafter_kind": "drafter", "method": "eagle3", "gamma": 6,
-                             "temperature": 0.0, "dataset": "ultrachat"}
+        f"eagle3-{family}": {
+            "verifier": verifier,
+            "drafter_kind": "drafter",
+            "method": "eagle3",
+            "gamma": 6,
+            "temperature": 0.0,
+            "dataset": "ultrachat",
+        }
         for family, verifier in (("llama3", LLAMA_8B), ("qwen3", "Qwen/Qwen3-8B"))
     },
-    "dflash-qwen3-8b": {"verifier": "Qwen/Qwen3-8B", "drafter_kind": "drafter", "method": "dflash", "gamma": 15,
-                        "temperature": 0.0, "dataset": "ultrachat"},
+    "dflash-qwen3-8b": {
+        "verifier": "Qwen/Qwen3-8B",
+        "drafter_kind": "drafter",
+        "method": "dflash",
+        "gamma": 15,
+        "temperature": 0.0,
+        "dataset": "ultrachat",
+    },
     "cpu-ensemble-sweep": {
         "verifier_kind": "embedded",
         "drafter_kind": "early_exit",
@@ -148,13 +174,18 @@ def test_preset_composes_with_one_override_and_validates(name, tmp_path):
         with pytest.raises(ConfigError, match="not in the local Hugging Face cache"):
             validate(cfg)
         local = ["model/verifier=tiny-random", "model/drafter=tiny-random", "dataset=demo"]
-        if expected["method"] in ("eagle3", "dflash"):  # a training recipe: validate it as task=train, tiny verifier
+        if expected["method"] in (
+            "eagle3",
+            "dflash",
+        ):  # a training recipe: validate it as task=train, tiny verifier
             from specbench.config.train_checks import validate_train
 
             (tmp_path / "synth").mkdir()
             train = ["model/verifier=tiny-random", "task=train", f"train.data={tmp_path / 'synth'}"]
             plan = validate_train(compose_config([f"experiment={name}", *train]))
-            assert plan.method == expected["method"] and plan.drafter.target.endswith(f"{plan.method}_drafter")
+            assert plan.method == expected["method"] and plan.drafter.target.endswith(
+                f"{plan.method}_drafter"
+            )
             return
         cfg = compose_config([f"experiment={name}", *local])
     plan = validate(cfg)
@@ -174,7 +205,11 @@ def test_sd2_presets_carry_the_paper_recipe(name):
 
 def test_dflash_preset_carries_the_zlab_qwen3_8b_recipe():
     train = compose_config(["experiment=dflash-qwen3-8b"]).train
-    assert (train.dflash_layers, list(train.dflash_taps), train.dflash_block_size) == (5, [1, 9, 17, 25, 33], 16)
+    assert (train.dflash_layers, list(train.dflash_taps), train.dflash_block_size) == (
+        5,
+        [1, 9, 17, 25, 33],
+        16,
+    )
     assert (train.dflash_mask_token_id, train.dflash_anchors, train.dflash_loss_gamma) == (151669, 512, 7.0)
     assert (train.lr_start, train.grad_clip, train.warmup_steps / train.max_steps) == (6e-4, 1.0, 0.04)
 
@@ -236,6 +271,8 @@ def test_gpu_preset_from_the_command_line_stops_with_one_line(tmp_path):
     )
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("Config error: model.verifier.path: 'meta-llama/Llama-3.1-8B-Instruct' is not in the local")
+    assert last.startswith(
+        "Config error: model.verifier.path: 'meta-llama/Llama-3.1-8B-Instruct' is not in the local"
+    )
     assert "huggingface-cli download" in last and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "metrics.json").exists()

@@ -49,7 +49,10 @@ def test_a_row_with_a_long_match_takes_the_lookup_chain_and_others_the_model():
     model_rounds = [r for r in rows["plain"].rounds if r.draft_forwards > 0]  # the model's one draft
     assert len(model_rounds) >= len(rows["plain"].rounds) // 2 and all(r.drafted == 1 for r in model_rounds)
     both = lookup_engine("local", _fallback(min_lookup_tokens=3, model_gamma=1), max_new_tokens=40)
-    assert [r.output_ids for r in both.generate([quoted, plain])] == [rows["quoted"].output_ids, rows["plain"].output_ids]
+    assert [r.output_ids for r in both.generate([quoted, plain])] == [
+        rows["quoted"].output_ids,
+        rows["plain"].output_ids,
+    ]
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -72,7 +75,10 @@ def test_sampling_is_the_verifiers_distribution(batch):
     vocab = model.config.vocab_size
     p1, joint = exact_first_tokens(model, prompt)
     assert chi2_pvalue(np.bincount(outs[:, 0], minlength=vocab), p1) > 1e-3
-    assert chi2_pvalue(np.bincount(outs[:, 0] * vocab + outs[:, 1], minlength=vocab**2), joint.reshape(-1)) > 1e-3
+    assert (
+        chi2_pvalue(np.bincount(outs[:, 0] * vocab + outs[:, 1], minlength=vocab**2), joint.reshape(-1))
+        > 1e-3
+    )
 
 
 def test_a_proposal_gives_lookup_rows_their_match_length_and_model_rows_none():
@@ -93,14 +99,25 @@ def test_a_proposal_gives_lookup_rows_their_match_length_and_model_rows_none():
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_cost_aware_trims_the_fallback_losslessly_with_model_rows_in_bucket_zero(batch):
-    prompts = [list(p) for p in e2e_prompts("local")][:batch] if batch > 1 else [list(e2e_prompts("local")[1])]
+    prompts = (
+        [list(p) for p in e2e_prompts("local")][:batch] if batch > 1 else [list(e2e_prompts("local")[1])]
+    )
     expected = [hf_generate(tiny_verifier("local"), p, 30)[0] for p in prompts]
     # Verifying n tokens costs 1 + 0.3 (n - 1) steps: long chains of a short match do not pay.
     profile = CostProfile([10.0 * (1 + 0.3 * i) for i in range(11)], draft_ms=1.0)
-    schedule = CostAwareSchedule(profile, 10, learn_costs=False)  # priced by this profile, not the tiny model's times
+    schedule = CostAwareSchedule(
+        profile, 10, learn_costs=False
+    )  # priced by this profile, not the tiny model's times
     drafter = _fallback(min_lookup_tokens=2, model_gamma=1)
-    engine = SpeculativeEngine(tiny_verifier("local"), drafter, None, schedule,
-                               lookup_engine("local", drafter).settings, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID)
+    engine = SpeculativeEngine(
+        tiny_verifier("local"),
+        drafter,
+        None,
+        schedule,
+        lookup_engine("local", drafter).settings,
+        eos_token_ids=(EOS_ID,),
+        pad_token_id=PAD_ID,
+    )
     results = engine.generate(prompts)
     assert [r.output_ids for r in results] == expected
     assert drafter.lookup_rows > 0 and drafter.model_rows > 0

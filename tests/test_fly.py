@@ -32,6 +32,7 @@ from specbench.decoding import (
     verify_round,
 )
 from specbench.decoding.fly import FlyRule, max_top_k_entropy, top_k_entropy
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 
 N_ROUNDS = 60_000
@@ -111,7 +112,8 @@ class TablePair:
         return torch.tensor(np.stack(p_rows, 1)), torch.tensor(np.stack(q_rows, 1))
 
     def sample_drafts(self, n: int, g: torch.Generator, verifier_argmax: float = 0.0) -> torch.Tensor:
-        """Drafts from q; with ``verifier_argmax`` > 0 that share of them is p's argmax instead (greedy tests)."""
+        """Drafts from q; with ``verifier_argmax`` > 0 that share of them is p's argmax instead (greedy
+        tests)."""
         codes = torch.zeros(n, dtype=torch.long)
         out = []
         for i in range(self.gamma):
@@ -133,8 +135,10 @@ def exact_round(pair: TablePair, window: int, threshold: float, top_k: int = 3, 
             continue
         p_at = [pair.p(block[:i]) for i in range(length + 1)]
         q_at = [pair.q(block[:i]) for i in range(length)]
-        gate = [reference_entropy(p_at[i], top_k) >= threshold and p_at[i][block[i]] > 0 and q_at[i][block[i]] > 0
-                for i in range(length)]
+        gate = [
+            reference_entropy(p_at[i], top_k) >= threshold and p_at[i][block[i]] > 0 and q_at[i][block[i]] > 0
+            for i in range(length)
+        ]
         if greedy:
             native_prob = [float(block[i] == int(np.argmax(p_at[i]))) for i in range(length)]
         else:
@@ -235,7 +239,10 @@ ROUND_CASES = {
     "v4-g3-w2": (TablePair(2, 4, 3), {"window_size": 2, "entropy_threshold": 0.6}),
     "v3-g4-default-window": (TablePair(3, 3, 4), {"entropy_threshold": 0.5}),
     "v4-g3-gate-always-open": (TablePair(4, 4, 3), {"window_size": 1, "entropy_threshold": 0.0}),
-    "v4-g3-deterministic": (TablePair(5, 4, 3, deterministic=True), {"window_size": 1, "entropy_threshold": 0.6}),
+    "v4-g3-deterministic": (
+        TablePair(5, 4, 3, deterministic=True),
+        {"window_size": 1, "entropy_threshold": 0.6},
+    ),
 }
 
 
@@ -317,13 +324,23 @@ CRAFTED = [
     ("window-does-not-fit", [CONFIDENT, CONFIDENT, FLAT, CONFIDENT, CONFIDENT], [0, 0, 1, 0], 2, 0.5, 2, 0),
     ("zero-probability-draft", [FLAT, CONFIDENT, CONFIDENT, CONFIDENT], [4, 0, 0], 2, 0.5, 0, 0),
     ("deferred-draft-not-in-window", [FLAT, FLAT, CONFIDENT, CONFIDENT], [1, 1, 0], 1, 0.5, 0, 0),
-    ("two-deferrals", [FLAT, CONFIDENT, FLAT, CONFIDENT, CONFIDENT, CONFIDENT], [2, 0, 1, 0, 0], 1, 0.5, 5, 0),
+    (
+        "two-deferrals",
+        [FLAT, CONFIDENT, FLAT, CONFIDENT, CONFIDENT, CONFIDENT],
+        [2, 0, 1, 0, 0],
+        1,
+        0.5,
+        5,
+        0,
+    ),
     ("threshold-is-inclusive", [PEAKED, CONFIDENT, CONFIDENT], [1, 0], 1, None, 2, 0),
     ("correction-after-deferral", [FLAT, CONFIDENT, FLAT, CONFIDENT], [1, 0, 3], 1, 0.5, 2, 0),
 ]
 
 
-@pytest.mark.parametrize("name,rows,drafts,window,threshold,accepted,token", CRAFTED, ids=[c[0] for c in CRAFTED])
+@pytest.mark.parametrize(
+    "name,rows,drafts,window,threshold,accepted,token", CRAFTED, ids=[c[0] for c in CRAFTED]
+)
 def test_crafted_greedy_rounds(name, rows, drafts, window, threshold, accepted, token):
     p, q, d, lens = _crafted(rows, drafts)
     if threshold is None:
@@ -380,8 +397,11 @@ def test_never_accepts_fewer_drafts_than_sd_under_the_same_uniforms(params, dete
 
 
 @pytest.mark.parametrize("greedy", [False, True])
-@pytest.mark.parametrize("params", [{"entropy_threshold": max_top_k_entropy(3) + 1e-9},
-                                    {"window_size": 6, "entropy_threshold": 0.0}], ids=["gate-shut", "window-too-long"])
+@pytest.mark.parametrize(
+    "params",
+    [{"entropy_threshold": max_top_k_entropy(3) + 1e-9}, {"window_size": 6, "entropy_threshold": 0.0}],
+    ids=["gate-shut", "window-too-long"],
+)
 def test_reduces_to_sd_decision_for_decision(params, greedy):
     """Gate that cannot open, or a window that never fits in γ = 6 drafts: exactly exact SD."""
     p, q, drafts, lens = random_round(12)
@@ -433,17 +453,29 @@ def tiny_pair():
 
 def run(rule, **settings):
     verifier, drafter = tiny_pair()
-    engine = SpeculativeEngine(verifier, drafter, rule=rule, schedule=DraftSchedule("constant", gamma=5),
-                               settings=GenerationSettings(max_new_tokens=24, **settings), eos_token_ids=(EOS_ID,),
-                               pad_token_id=PAD_ID)
+    engine = SpeculativeEngine(
+        verifier,
+        ModelDrafter(drafter),
+        rule=rule,
+        schedule=DraftSchedule("constant", gamma=5),
+        settings=GenerationSettings(max_new_tokens=24, **settings),
+        eos_token_ids=(EOS_ID,),
+        pad_token_id=PAD_ID,
+    )
     return engine.generate(PROMPTS)
 
 
 def test_engine_lossless_setting_reproduces_the_verifier_greedy():
     verifier, _ = tiny_pair()
     for prompt, result in zip(PROMPTS, run(FlyRule(entropy_threshold=2.0))):
-        hf = verifier.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                               do_sample=False, max_new_tokens=24, eos_token_id=[EOS_ID], pad_token_id=PAD_ID)
+        hf = verifier.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=24,
+            eos_token_id=[EOS_ID],
+            pad_token_id=PAD_ID,
+        )
         assert result.output_ids == hf[0, len(prompt):].tolist()
 
 

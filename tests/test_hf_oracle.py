@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from specbench.decoding import DraftSchedule, EnsembleRule, GenerationSettings, SpeculativeEngine
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.models.tiny import EOS_ID, PAD_ID, tiny_random_model
 
 MAX_NEW = 24
@@ -41,7 +42,11 @@ def pair(arch: str, drafter_kind: str):
 def hf_ensemble(verifier, drafter, prompt, gamma, draft_weight, eos=EOS_ID, hf_settings=None):
     drafter = copy.deepcopy(drafter)  # HF reads (and may update) the drafter's generation_config
     settings = hf_settings or {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant"}
-    settings = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0, **settings}
+    settings = {
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+        **settings,
+    }
     for key, value in settings.items():
         setattr(drafter.generation_config, key, value)
     kwargs = {} if draft_weight == 0 else {"assistant_ensemble_weight": 1.0 - draft_weight}
@@ -60,7 +65,7 @@ def hf_ensemble(verifier, drafter, prompt, gamma, draft_weight, eos=EOS_ID, hf_s
 
 def ours(verifier, drafter, prompts, gamma, draft_weight, eos=(EOS_ID,), schedule=None):
     engine = SpeculativeEngine(
-        verifier, drafter, rule=EnsembleRule(draft_weight, "linear"),
+        verifier, ModelDrafter(drafter), rule=EnsembleRule(draft_weight, "linear"),
         schedule=schedule or DraftSchedule("constant", gamma),
         settings=GenerationSettings(max_new_tokens=MAX_NEW), eos_token_ids=eos, pad_token_id=PAD_ID,
     )

@@ -45,7 +45,9 @@ def test_a_profile_that_overstated_v2_is_corrected_by_the_rounds_and_changes_the
     schedule = CostAwareSchedule(busy, max_gamma=4)
     for _ in range(100):  # first drafts accepted 30 % of the time
         for accepted in (1, 0, 0, 1, 0, 0, 0, 1, 0, 0):
-            schedule.observe(Proposal(torch.zeros(1, 1, dtype=torch.long), torch.tensor([1])), torch.tensor([accepted]))
+            schedule.observe(
+                Proposal(torch.zeros(1, 1, dtype=torch.long), torch.tensor([1])), torch.tensor([accepted])
+            )
     assert schedule.acceptance(0)[0] == pytest.approx(0.3, abs=0.01)
     assert schedule.best_length(0, 4, drafted=True) == 0  # 1.3 tokens for 1.4 steps: the profile says no
     for _ in range(60):

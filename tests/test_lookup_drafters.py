@@ -677,3 +677,15 @@ def test_suffix_drafter_backends_propose_the_same():
         drive(python, rows, [10, 3, 30], random.Random(1), check, drop_at=4)
         drive(arctic, rows, [10, 3, 30], random.Random(1), check, drop_at=4)
     assert not seen
+
+
+def test_save_memory_writes_a_suffix_drafters_cache_file_unless_it_is_read_only(tmp_path):
+    cache = tmp_path / "cache.json"
+    assert PromptLookupDrafter().save_memory() is None  # the protocol's default: nothing kept
+    assert SuffixDrafter().save_memory() is None  # no cache_file
+    drafter = SuffixDrafter(cache_file=str(cache))
+    engine = lookup_engine("local", drafter, max_new_tokens=6)
+    engine.generate([[5, 6, 7, 5, 6]])
+    assert drafter.save_memory() == cache and cache.is_file()
+    read_only = SuffixDrafter(cache_file=str(cache), update_cache_file=False)
+    assert read_only.seeded_responses > 0 and read_only.save_memory() is None

@@ -28,9 +28,10 @@ from specbench.tasks.results import LABEL_PARAMS, method_label
 def own_parameters(cls: type) -> set[str]:
     """The constructor parameters a rule class declares (``*args/**kwargs`` of the base say nothing)."""
     return {
-        name for name, p in inspect.signature(cls.__init__).parameters.items()
+        name
+        for name, p in inspect.signature(cls.__init__).parameters.items()
         if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("method", RULE_METHODS)
@@ -72,8 +73,14 @@ def test_the_schema_and_both_label_lists_are_the_tables():
 
 
 def test_fly_parameters_show_in_the_results_label():
-    metrics = {"method": "fly", "method_window_size": 4, "method_entropy_threshold": 0.5, "method_entropy_top_k": 3,
-               "schedule": "constant", "gamma": 5}  # fmt: skip
+    metrics = {
+        "method": "fly",
+        "method_window_size": 4,
+        "method_entropy_threshold": 0.5,
+        "method_entropy_top_k": 3,
+        "schedule": "constant",
+        "gamma": 5,
+    }
     assert method_label(metrics) == "fly window=4 entropy=0.5 top_k=3 (constant, gamma=5)"
 
 

@@ -127,7 +127,9 @@ def test_sd2_steering_acts_through_the_reduced_vocabulary_path_and_stays_lossles
         state = BatchState.create(PROMPTS, 3, 10, [], PAD_ID, torch.device("cpu"))
         context, valid = state.tokens[:, :-1], state.token_valid[:, :-1]
         g = torch.Generator().manual_seed(2)
-        taps = {i: torch.randn(*context.shape, verifier(arch).config.hidden_size, generator=g) for i in (1, 2, 3)}
+        taps = {
+            i: torch.randn(*context.shape, verifier(arch).config.hidden_size, generator=g) for i in (1, 2, 3)
+        }
         view = VerifierView(context, torch.ones_like(valid), taps=taps)  # a steering source for every row
         qs = []
         for drafter in (steered, plain):
@@ -238,7 +240,8 @@ HEAD = 320  # the sampling tests compare over the whole LM head, as the exact re
 
 
 def chi_square_vocab(arch: str, prompt: list[int]) -> DraftVocab:
-    """The verifier's most likely first tokens up to 60 % of its mass: the rest must come from the residual."""
+    """The verifier's most likely first tokens up to 60 % of its mass: the rest must come from the
+    residual."""
     p1, _ = exact_first_tokens(verifier(arch), prompt)
     order = np.argsort(-p1)
     keep = order[: int(np.searchsorted(np.cumsum(p1[order]), 0.6)) + 1]
@@ -301,11 +304,14 @@ def test_the_chi_square_test_rejects_a_q_that_is_not_zero_outside_the_draft_voca
     arch, prompt = "llama", PROMPTS[1]
     vocab = chi_square_vocab(arch, prompt)
     p1, _ = exact_first_tokens(verifier(arch), prompt)
-    _, outs = sampled(arch, _FullHeadQ(drafter_model(arch, "perturbed"), HEAD, draft_vocab=vocab), 1, 2, prompt, 7)
+    _, outs = sampled(
+        arch, _FullHeadQ(drafter_model(arch, "perturbed"), HEAD, draft_vocab=vocab), 1, 2, prompt, 7
+    )
     assert chi2_pvalue(np.bincount(outs[:, 0], minlength=p1.shape[0]), p1) < 1e-6
 
 
-# -- sources: task=synth data, a saved EAGLE-3 vocabulary; the loader, the engines and task=profile -------------
+# -- sources: task=synth data, a saved EAGLE-3 vocabulary; the loader, the engines and task=profile
+# -------------
 
 
 def tiny_loaded(num_layers=2):
@@ -320,7 +326,9 @@ def synth_dir(tmp_path_factory):
     from specbench.pipelines.synthesize import synthesize
 
     prompts = [Prompt(i, f"{w} stone {i}") for i, w in enumerate(["apple", "river", "cloud", "violin"] * 3)]
-    settings = SynthSettings(target_len=40, max_prompt_len=30, temperature=1.0, batch_size=6, validation_fraction=0.2)
+    settings = SynthSettings(
+        target_len=40, max_prompt_len=30, temperature=1.0, batch_size=6, validation_fraction=0.2
+    )
     out = tmp_path_factory.mktemp("synth")
     synthesize(tiny_loaded(), prompts, settings, out, progress=False)
     return out
@@ -328,7 +336,7 @@ def synth_dir(tmp_path_factory):
 
 def save_vocab_checkpoint(path, vocab: DraftVocab, **overrides):
     """A checkpoint holding a draft vocabulary as task=train method=eagle3 saves it (head_metadata)."""
-    from specbench.drafters.eagle3_head import Eagle3Head
+    from specbench.drafters.eagle3.head import Eagle3Head
     from specbench.training.eagle3 import head_metadata
 
     loaded = tiny_loaded(num_layers=8)
@@ -356,16 +364,24 @@ def test_load_drafter_builds_the_vocabulary_and_the_engine_and_profile_use_it(tm
         assert drafter.draft_vocab == vocab
         built, _ = build_engines(verifier_model, drafter, VerificationRule(), DraftSchedule("constant", 3),
                                  GenerationSettings(max_new_tokens=8), baseline=False)  # fmt: skip
-        assert built.drafter.draft_vocab == vocab and built.drafter.describe()["draft_vocab_size"] == vocab.size
-    profile = measure_profile(verifier_model, built.drafter, VOCAB, 2, context_len=8, repeats=1, prompts=[PROMPTS[3]])
+        assert (
+            built.drafter.draft_vocab == vocab and built.drafter.describe()["draft_vocab_size"] == vocab.size
+        )
+    profile = measure_profile(
+        verifier_model, built.drafter, VOCAB, 2, context_len=8, repeats=1, prompts=[PROMPTS[3]]
+    )
     assert profile.meta["draft_vocab_size"] == vocab.size and "draft vocabulary 65" in profile.table()
 
 
 def test_a_source_for_another_tokenizer_is_a_config_error_when_the_drafter_loads(tmp_path, synth_dir):
     verifier_model = tiny_loaded()
-    saved = save_vocab_checkpoint(tmp_path / "other.pt", DraftVocab([1, 2, 3], VOCAB), tokenizer_hash="0123456789abcdef")
+    saved = save_vocab_checkpoint(
+        tmp_path / "other.pt", DraftVocab([1, 2, 3], VOCAB), tokenizer_hash="0123456789abcdef"
+    )
     with pytest.raises(ConfigError, match=r"model.drafter.draft_vocab=.*another tokenizer"):
-        load_drafter(ModelSpec(kind="early_exit", num_layers=1, draft_vocab=str(saved)), verifier_model, "cpu")
+        load_drafter(
+            ModelSpec(kind="early_exit", num_layers=1, draft_vocab=str(saved)), verifier_model, "cpu"
+        )
     other = tmp_path / "other-synth"
     shutil.copytree(synth_dir, other)
     for meta in other.glob("dataset*/specbench_synth.json"):
@@ -374,7 +390,8 @@ def test_a_source_for_another_tokenizer_is_a_config_error_when_the_drafter_loads
         meta.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match=r"model.drafter.draft_vocab=.*another tokenizer"):
         load_drafter(
-            ModelSpec(kind="early_exit", num_layers=1, draft_vocab=str(other), draft_vocab_size=8), verifier_model
+            ModelSpec(kind="early_exit", num_layers=1, draft_vocab=str(other), draft_vocab_size=8),
+            verifier_model,
         )
 
 
@@ -395,17 +412,38 @@ def sources(tmp_path_factory):
 
 
 CONFIG_ERRORS = [
-    (["model.drafter.draft_vocab_size=64"], r"^model.drafter.draft_vocab_size=64 needs model.drafter.draft_vocab=PATH"),
-    (["model.drafter.draft_vocab_size=0", "model.drafter.draft_vocab={synth}"], r"must be an integer >= 1 or null"),
-    (["model.drafter.draft_vocab_size=400", "model.drafter.draft_vocab={synth}"], r"400 exceeds the verifier's vocab"),
+    (
+        ["model.drafter.draft_vocab_size=64"],
+        r"^model.drafter.draft_vocab_size=64 needs model.drafter.draft_vocab=PATH",
+    ),
+    (
+        ["model.drafter.draft_vocab_size=0", "model.drafter.draft_vocab={synth}"],
+        r"must be an integer >= 1 or null",
+    ),
+    (
+        ["model.drafter.draft_vocab_size=400", "model.drafter.draft_vocab={synth}"],
+        r"400 exceeds the verifier's vocab",
+    ),
     (["model.drafter.draft_vocab={synth}/missing"], r"draft_vocab='.*missing': no such file or directory"),
     (["model.drafter.draft_vocab={synth}"], r"names task=synth data: set model.drafter.draft_vocab_size"),
     (["model.drafter.draft_vocab={empty}"], r"is neither a task=synth output dir nor a checkpoint"),
     (["model.drafter.draft_vocab={no_vocab}"], r"method='sd2' checkpoint that saved no draft vocabulary"),
-    (["model.drafter.draft_vocab={saved}", "model.drafter.draft_vocab_size=32"], r"holds a vocabulary of 64 tokens"),
-    (["model.drafter.draft_vocab={wide}"], r"vocabulary of 50000 tokens, but the verifier has 320: another tokenizer"),
-    (["model.verifier.draft_vocab_size=64", "model.verifier.draft_vocab={saved}"], r"the verifier drafts nothing"),
-    (["model/drafter=ngram", "model.drafter.draft_vocab={saved}"], r"apply to model drafters .* not kind='drafter'"),
+    (
+        ["model.drafter.draft_vocab={saved}", "model.drafter.draft_vocab_size=32"],
+        r"holds a vocabulary of 64 tokens",
+    ),
+    (
+        ["model.drafter.draft_vocab={wide}"],
+        r"vocabulary of 50000 tokens, but the verifier has 320: another tokenizer",
+    ),
+    (
+        ["model.verifier.draft_vocab_size=64", "model.verifier.draft_vocab={saved}"],
+        r"the verifier drafts nothing",
+    ),
+    (
+        ["model/drafter=ngram", "model.drafter.draft_vocab={saved}"],
+        r"apply to model drafters .* not kind='drafter'",
+    ),
 ]
 
 
@@ -418,18 +456,28 @@ def test_bad_draft_vocabulary_settings_are_one_line_config_errors(sources, overr
 
 
 def test_valid_sources_pass_validation_and_distill_sd2_training_take_them(sources):
-    for extra in (["model.drafter.draft_vocab={saved}"], ["model.drafter.draft_vocab={synth}", "model.drafter.draft_vocab_size=64"]):
+    for extra in (
+        ["model.drafter.draft_vocab={saved}"],
+        ["model.drafter.draft_vocab={synth}", "model.drafter.draft_vocab_size=64"],
+    ):
         plan = validate(compose_config(TINY + [o.format(**sources) for o in extra]))
         assert plan.drafter.draft_vocab is not None
     from specbench.config.train_checks import validate_train
 
     vocab = [f"model.drafter.draft_vocab={sources['saved']}", f"train.data={sources['synth']}"]
-    for method in (["method=distill"], ["method=sd2", "steering=sd2"]):  # trained over it (tests/test_drafter_feature_cache.py)
+    for method in (
+        ["method=distill"],
+        ["method=sd2", "steering=sd2"],
+    ):  # trained over it (tests/test_drafter_feature_cache.py)
         assert validate_train(compose_config(["task=train", *method, *TINY[:2], *vocab])).drafter.draft_vocab
-    cfg = compose_config(["task=train", "method=distill", *TINY[:2], *vocab, "model.drafter.draft_vocab_size=32"])
+    cfg = compose_config(
+        ["task=train", "method=distill", *TINY[:2], *vocab, "model.drafter.draft_vocab_size=32"]
+    )
     with pytest.raises(ConfigError, match="holds a vocabulary of 64 tokens"):
         validate_train(cfg)
-    cfg = compose_config(["task=train", "method=diversed", *TINY[:2], *vocab, "dataset=demo", "train.reward=verifier_logp"])
+    cfg = compose_config(
+        ["task=train", "method=diversed", *TINY[:2], *vocab, "dataset=demo", "train.reward=verifier_logp"]
+    )
     with pytest.raises(ConfigError, match="method=diversed does not"):
         validate_train(cfg)
 
@@ -451,4 +499,6 @@ def test_profile_task_times_the_reduced_vocabulary_drafter_and_records_its_size(
         cache_dir=tmp_path / "cache",
     )  # fmt: skip
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert "Config error: model.drafter.draft_vocab_size=64 needs model.drafter.draft_vocab=PATH" in bad.stderr
+    assert (
+        "Config error: model.drafter.draft_vocab_size=64 needs model.drafter.draft_vocab=PATH" in bad.stderr
+    )

@@ -1,4 +1,5 @@
-"""A drafter or a verification rule added from outside the package (one module + one yaml) runs through launch.py.
+"""A drafter or a verification rule added from outside the package (one module + one yaml) runs through
+launch.py.
 
 The module and the yaml live in a temporary directory: the yaml is found through ``hydra.searchpath`` and the
 module through ``PYTHONPATH``, exactly as a user would add a drafter or a rule without touching specbench.

@@ -177,7 +177,8 @@ def test_report_task_through_launch_logs_artifacts(sweep, tmp_path):
 
 @pytest.fixture
 def mlflow_store(tmp_path, monkeypatch) -> dict:
-    """A tmp SQLite store: a parent run with three children (two methods), a failed run, another experiment."""
+    """A tmp SQLite store: a parent run with three children (two methods), a failed run, another
+    experiment."""
     import mlflow
 
     uri = f"sqlite:///{tmp_path / 'runs.db'}"
@@ -399,7 +400,17 @@ def test_the_report_groups_by_model_pair_and_dataset_and_names_what_differs(tmp_
     runs = [
         run("a", "v2", "d2", "gsm8k", "sd", 2, 1.1),
         run("b", "v1", "d1", "xsum", "lossy", 2, 1.2, lenience=0.5),
-        run("c", "v1", "d1", "gsm8k", "static_ensemble", 3, 1.3, draft_weight=0.30000000000000004, pool="linear"),
+        run(
+            "c",
+            "v1",
+            "d1",
+            "gsm8k",
+            "static_ensemble",
+            3,
+            1.3,
+            draft_weight=0.30000000000000004,
+            pool="linear",
+        ),
         run("d", "v1", "d1", "gsm8k", "cascade", 2, 1.4, deferral="chow", alpha=0.1),
     ]
     report = write_report(Selection(runs, "four runs"), tmp_path)

@@ -30,7 +30,14 @@ from specbench.results.render import (
     rendered,
 )
 
-MACHINE = {"cpu": "Test CPU", "cores": 2, "threads": 1, "torch": "2.13.0", "device": "cpu", "dtype": "float32"}
+MACHINE = {
+    "cpu": "Test CPU",
+    "cores": 2,
+    "threads": 1,
+    "torch": "2.13.0",
+    "device": "cpu",
+    "dtype": "float32",
+}
 PROMPTS = {"set": "spec_bench heldout", "count": 4}
 
 
@@ -197,7 +204,9 @@ def test_an_eval_run_becomes_a_record_with_its_launch_command_and_spread(tmp_pat
     record = record_from_eval(_eval_run(tmp_path), "demo", headline=True)
     assert record["command"] == "python launch.py model/drafter=early-exit gen.max_new_tokens=16"
     base, method = record["rows"]
-    assert base["setup"] == "autoregressive" and base["figures"]["tokens_per_s"]["value"] == pytest.approx(40 / 3)
+    assert base["setup"] == "autoregressive" and base["figures"]["tokens_per_s"]["value"] == pytest.approx(
+        40 / 3
+    )
     assert method["setup"] == "sd (constant, gamma=3), drafter d" and method["headline"] is True
     speedup = method["figures"]["speedup"]
     assert speedup["value"] == 1.5 and speedup["median"] == 2.0  # per-prompt ratios 2.0 and 1.0

@@ -12,6 +12,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specbench.decoding import GenerationSettings, SpeculativeEngine
 from specbench.decoding.cache import CachedModel
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.models import ModelSpec, load_verifier
 from specbench.models.row_invariant import (
     ROWWISE_ATTENTION,
@@ -137,7 +138,9 @@ def test_a_row_of_a_padded_batch_gets_the_bits_it_gets_alone_without_padding(que
     module = _Attention(3)
     batched, _ = row_invariant_sdpa(module, q, k, v, _causal(3, queries, 700, padding))
     for b, start in enumerate(starts):
-        alone, _ = row_invariant_sdpa(module, q[b : b + 1], k[b : b + 1, :, start:], v[b : b + 1, :, start:], None)
+        alone, _ = row_invariant_sdpa(
+            module, q[b : b + 1], k[b : b + 1, :, start:], v[b : b + 1, :, start:], None
+        )
         assert torch.equal(batched[b : b + 1], alone), f"row {b}"
 
 
@@ -198,7 +201,10 @@ def test_a_bf16_model_scores_a_block_as_it_scores_each_position(width):
     model = _model()
     assert model.config._attn_implementation == ROWWISE_ATTENTION
     g = torch.Generator().manual_seed(width)
-    context, block = torch.randint(0, 259, (1, 70), generator=g), torch.randint(0, 259, (1, width), generator=g)
+    context, block = (
+        torch.randint(0, 259, (1, 70), generator=g),
+        torch.randint(0, 259, (1, width), generator=g),
+    )
     at_once, one_by_one = _incremental_and_block_logits(model, context, block)
     assert torch.equal(at_once, one_by_one)
 
@@ -225,7 +231,7 @@ def test_loading_in_bf16_gives_the_row_invariant_forwards_and_identical_greedy_d
     common = {"settings": GenerationSettings(max_new_tokens=24), "vocab_size": 320, "eos_token_ids": []}
     prompts = [[5, 9, 33, 70, 12], [101, 7], [44] * 9]
     reference = [r.output_ids for r in SpeculativeEngine(model, None, **common).generate(prompts)]
-    speculative = SpeculativeEngine(model, drafter, **common).generate(prompts)
+    speculative = SpeculativeEngine(model, ModelDrafter(drafter, 320), **common).generate(prompts)
     assert [r.output_ids for r in speculative] == reference
     assert any(round_.drafted > 0 for r in speculative for round_ in r.rounds)
 
@@ -244,7 +250,7 @@ def test_the_embedded_verifier_in_bf16_scores_a_block_as_it_scores_each_position
 @pytest.mark.slow
 def test_the_embedded_pair_in_bf16_decodes_speculatively_as_autoregressively_at_batch_1_and_4():
     from specbench.decoding import DraftSchedule
-    from specbench.drafters.eagle3_format import eagle3_drafter
+    from specbench.drafters.eagle3.format import eagle3_drafter
     from specbench.drafters.fallback import suffix_then_eagle3
     from specbench.drafters.suffix import SuffixDrafter
     from specbench.evaluation import eos_token_ids
@@ -256,7 +262,9 @@ def test_the_embedded_pair_in_bf16_decodes_speculatively_as_autoregressively_at_
                  "What is 17 times 23? Think step by step.", "Write a haiku about the sea."]  # fmt: skip
     prompts = []
     for text in questions:
-        ids = verifier.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        ids = verifier.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True
+        )
         prompts.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
     common = {"settings": GenerationSettings(max_new_tokens=40), "vocab_size": vocab, "eos_token_ids": eos,
               "pad_token_id": eos[0]}  # fmt: skip
@@ -264,14 +272,23 @@ def test_the_embedded_pair_in_bf16_decodes_speculatively_as_autoregressively_at_
     drafters = {
         "eagle3": (eagle3_drafter("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab), 2),
         "suffix": (SuffixDrafter(num_speculative_tokens=5), 5),
-        "suffix+eagle3": (suffix_then_eagle3("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab), 10),
-        "eagle3-tree": (eagle3_drafter("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab, tree_width=3), 2),
+        "suffix+eagle3": (
+            suffix_then_eagle3("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab),
+            10,
+        ),
+        "eagle3-tree": (
+            eagle3_drafter("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab, tree_width=3),
+            2,
+        ),
         "suffix+eagle3-tree": (
-            suffix_then_eagle3("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab, tree_width=3), 10
+            suffix_then_eagle3("checkpoints/eagle3-smollm2-135m/trained.pt", verifier, vocab, tree_width=3),
+            10,
         ),
     }
     for name, (drafter, gamma) in drafters.items():
-        engine = SpeculativeEngine(verifier.model, drafter, schedule=DraftSchedule("constant", gamma), **common)
+        engine = SpeculativeEngine(
+            verifier.model, drafter, schedule=DraftSchedule("constant", gamma), **common
+        )
         for prompt in prompts:
             assert engine.generate([prompt])[0].output_ids == plain.generate([prompt])[0].output_ids, name
         batched = engine.generate(prompts)

@@ -216,8 +216,11 @@ def test_closed_form_matches_reference_and_is_a_distribution(spec, pair):
 
 
 @pytest.mark.parametrize("pair", list(PAIRS))
-@pytest.mark.parametrize("spec", [s for s in RULES if reference_target(s, np.ones(2) / 2, np.ones(2) / 2) is not None],
-                         ids=_rule_id)
+@pytest.mark.parametrize(
+    "spec",
+    [s for s in RULES if reference_target(s, np.ones(2) / 2, np.ones(2) / 2) is not None],
+    ids=_rule_id,
+)
 def test_target_rules_output_their_target(spec, pair):
     """Speculative sampling towards π outputs exactly π (methods.md §2), so P == target(p, q)."""
     p, q = PAIRS[pair]
@@ -237,8 +240,11 @@ def test_lossless_settings_output_p(spec, pair):
     torch.testing.assert_close(one_step_distribution(rule, p, q), p, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("spec", [("lossy", 0.5), ("linear", 0.3), ("log_linear", 0.3), ("cascade", "chow", 0.6),
-                                  ("typical", 0.09, 0.3)], ids=_rule_id)
+@pytest.mark.parametrize(
+    "spec",
+    [("lossy", 0.5), ("linear", 0.3), ("log_linear", 0.3), ("cascade", "chow", 0.6), ("typical", 0.09, 0.3)],
+    ids=_rule_id,
+)
 def test_lossy_settings_are_flagged_and_change_the_output(spec):
     p, q = PAIRS["full"]
     rule = make_rule(spec)
@@ -248,7 +254,8 @@ def test_lossy_settings_are_flagged_and_change_the_output(spec):
 
 @pytest.mark.parametrize("pair", list(PAIRS))
 def test_linear_pool_traces_the_acceptance_bias_front(pair):
-    """Linear pool: acceptance 1 − (1−w)·TV(p,q), bias TV(π,p) = w·TV(p,q), their difference constant (§2.1)."""
+    """Linear pool: acceptance 1 − (1−w)·TV(p,q), bias TV(π,p) = w·TV(p,q), their difference constant
+    (§2.1)."""
     p, q = PAIRS[pair]
     tv = 0.5 * (p - q).abs().sum().item()
     differences = []
@@ -279,8 +286,9 @@ def test_log_linear_pool_is_the_normalised_geometric_mixture():
     p, q = PAIRS["full"]
     for w in (0.25, 0.5, 0.9):
         expected = q**w * p ** (1 - w)
-        torch.testing.assert_close(pool_distributions(p, q, w, "log_linear"), expected / expected.sum(), atol=1e-6,
-                                   rtol=0)
+        torch.testing.assert_close(
+            pool_distributions(p, q, w, "log_linear"), expected / expected.sum(), atol=1e-6, rtol=0
+        )
 
 
 def test_log_linear_pool_with_disjoint_supports_is_a_distribution():
@@ -298,8 +306,15 @@ def test_log_linear_pool_with_disjoint_supports_is_a_distribution():
     out = one_step_distribution(rule, p, q)
     assert torch.isfinite(out).all() and out.sum().item() == pytest.approx(1.0, abs=1e-6)
     g = torch.Generator().manual_seed(0)
-    verdict = verify_round(rule, torch.stack([p, p])[None], q[None, None], torch.tensor([[2]]), torch.tensor([1]),
-                           greedy=False, generator=g)
+    verdict = verify_round(
+        rule,
+        torch.stack([p, p])[None],
+        q[None, None],
+        torch.tensor([[2]]),
+        torch.tensor([1]),
+        greedy=False,
+        generator=g,
+    )
     assert verdict.next_token.item() in (0, 1, 2, 3)
 
 
@@ -344,7 +359,9 @@ def test_cascade_deferral_decisions_on_crafted_distributions():
     assert bool(CascadeRule("opt", 0.3).defer(p, q))  # 0.5 < 0.7 − 0.18
     assert not bool(CascadeRule("opt", 0.5).defer(p, q))  # 0.5 < 0.7 − 0.3 is false
     # Batched: one decision per row.
-    both = CascadeRule("chow", 0.4).defer(torch.stack([p, p]), torch.stack([q, torch.tensor([0.9, 0.1, 0, 0])]))
+    both = CascadeRule("chow", 0.4).defer(
+        torch.stack([p, p]), torch.stack([q, torch.tensor([0.9, 0.1, 0, 0])])
+    )
     assert both.tolist() == [True, False]
 
 
@@ -384,8 +401,16 @@ def _sample_one_step(rule, p, q, n=N_SAMPLES, seed=0, weights=None):
     drafts = torch.multinomial(q, n, replacement=True, generator=g)
     big_p = torch.stack([p, p]).expand(n, 2, V)
     big_q = q.expand(n, 1, V)
-    verdict = verify_round(rule, big_p, big_q, drafts.unsqueeze(1), torch.ones(n, dtype=torch.long), greedy=False,
-                           generator=g, weights=weights)
+    verdict = verify_round(
+        rule,
+        big_p,
+        big_q,
+        drafts.unsqueeze(1),
+        torch.ones(n, dtype=torch.long),
+        greedy=False,
+        generator=g,
+        weights=weights,
+    )
     assert set(verdict.accepted.unique().tolist()) <= {0, 1}
     out = torch.where(verdict.accepted == 1, drafts, verdict.next_token)
     return torch.bincount(out, minlength=V).double().numpy(), verdict.accepted.double().mean().item()
@@ -478,7 +503,9 @@ def _crafted_round():
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-@pytest.mark.parametrize("spec", [("sd",), ("lossy", 1.0), ("linear", 0.0), ("log_linear", 0.0)], ids=_rule_id)
+@pytest.mark.parametrize(
+    "spec", [("sd",), ("lossy", 1.0), ("linear", 0.0), ("log_linear", 0.0)], ids=_rule_id
+)
 def test_correction_follows_the_accepted_prefix(spec, greedy):
     p, q, drafts = _crafted_round()
     g = torch.Generator().manual_seed(0)
@@ -506,7 +533,9 @@ def test_draft_lens_shorter_than_gamma_ignore_later_positions(greedy):
     drafts = torch.tensor([[1, 2, 4], [1, 2, 4], [1, 2, 4]])
     q = torch.stack([_one_hot(1), _one_hot(2), _one_hot(4)])[None].expand(3, -1, -1)
     p = p.expand(3, -1, -1)
-    verdict = verify_round(VerificationRule(), p, q, drafts, torch.tensor([1, 2, 0]), greedy, torch.Generator())
+    verdict = verify_round(
+        VerificationRule(), p, q, drafts, torch.tensor([1, 2, 0]), greedy, torch.Generator()
+    )
     # Every draft would be accepted; a row accepts only its own drafts and takes the bonus from p[:, len].
     assert verdict.accepted.tolist() == [1, 2, 0]
     assert verdict.next_token.tolist() == [2, 4, 1]
@@ -526,7 +555,9 @@ def test_rows_of_a_batch_are_independent():
     verdict = verify_round(rule, p, q, drafts, lens, True)
     accepted_values = set()
     for row in range(batch):
-        alone = verify_round(rule, p[row:row + 1], q[row:row + 1], drafts[row:row + 1], lens[row:row + 1], True)
+        alone = verify_round(
+            rule, p[row : row + 1], q[row : row + 1], drafts[row : row + 1], lens[row : row + 1], True
+        )
         assert verdict.accepted[row] == alone.accepted[0] and verdict.next_token[row] == alone.next_token[0]
         # And by hand: accepted prefix of drafts equal to argmax π, then argmax π or the bonus argmax p.
         pi = 0.6 * p[row, :gamma] + 0.4 * q[row]
@@ -550,7 +581,9 @@ def _random_batch(seed, batch=64):
     g = torch.Generator().manual_seed(seed)
     p = torch.softmax(torch.randn(batch, V, generator=g) * 2.5, -1)
     q = torch.softmax(torch.randn(batch, V, generator=g) * 2.5, -1)
-    drafts = torch.where(torch.rand(batch, generator=g) < 0.5, q.argmax(-1), torch.randint(0, V, (batch,), generator=g))
+    drafts = torch.where(
+        torch.rand(batch, generator=g) < 0.5, q.argmax(-1), torch.randint(0, V, (batch,), generator=g)
+    )
     return p, q, drafts
 
 
@@ -563,8 +596,9 @@ def test_greedy_accepts_iff_draft_is_argmax_target(spec):
     assert torch.equal(rule.greedy_accept(p, q, drafts), expected_accept)
     assert torch.equal(rule.greedy_correction(p, q), pi.argmax(-1))
     # Through verify_round with gamma = 1.
-    verdict = verify_round(rule, torch.stack([p, p], 1), q[:, None], drafts[:, None], torch.ones(len(p), dtype=torch.long),
-                           True)
+    verdict = verify_round(
+        rule, torch.stack([p, p], 1), q[:, None], drafts[:, None], torch.ones(len(p), dtype=torch.long), True
+    )
     assert torch.equal(verdict.accepted == 1, expected_accept)
     expected_next = torch.where(expected_accept, p.argmax(-1), pi.argmax(-1))
     assert torch.equal(verdict.next_token, expected_next)
@@ -645,8 +679,10 @@ def test_top_p_keeps_the_minimal_prefix_reaching_p():
     assert ((Warping(1.0, top_p=1e-6).probs(logits) > 0).sum() == 1)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 0.9), (0.7, 0, 0.5), (1.3, 20, 1.0), (0.8, 12, 0.8),
-                                                     (2.0, 5, 0.95), (0.5, 0, 1.0)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [(1.0, 0, 0.9), (0.7, 0, 0.5), (1.3, 20, 1.0), (0.8, 12, 0.8), (2.0, 5, 0.95), (0.5, 0, 1.0)],
+)
 def test_warping_matches_hf_warpers(temperature, top_k, top_p):
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(16, 100, generator=g) * 2
@@ -709,4 +745,7 @@ def test_build_rule_maps_methods_and_aliases():
     # Defaults are the methods' config defaults (conf/method/*.yaml, tests/test_config.py holds them equal);
     # the lossless setting of each lossy rule is one parameter away.
     assert not build_rule("lossy").lossless and not build_rule("static_ensemble").lossless
-    assert build_rule("lossy", lenience=1.0).lossless and build_rule("static_ensemble", draft_weight=0.0).lossless
+    assert (
+        build_rule("lossy", lenience=1.0).lossless
+        and build_rule("static_ensemble", draft_weight=0.0).lossless
+    )

@@ -86,7 +86,9 @@ def hf_rows(verifier, prompts, tmp_path_factory):
 
 def rows_of(out) -> list[dict]:
     data, _ = load_synthetic(out)
-    return sorted((dict(r) for split in ("train", "validation") for r in data[split]), key=lambda r: r["source_index"])
+    return sorted(
+        (dict(r) for split in ("train", "validation") for r in data[split]), key=lambda r: r["source_index"]
+    )
 
 
 def server_settings(server, **kwargs) -> ServerSettings:
@@ -95,7 +97,9 @@ def server_settings(server, **kwargs) -> ServerSettings:
 
 def run_served(verifier, prompts, out, server, settings=GREEDY, server_kwargs=None, **kwargs):
     backend = backend_for(server_settings(server, **(server_kwargs or {})), verifier, settings)
-    return synthesize(verifier, prompts, settings, out, dataset=DEMO, progress=False, backend=backend, **kwargs)
+    return synthesize(
+        verifier, prompts, settings, out, dataset=DEMO, progress=False, backend=backend, **kwargs
+    )
 
 
 # --- synthetic data through a server ----------------------------------------------------------------------
@@ -105,7 +109,9 @@ def test_greedy_rows_from_the_server_equal_the_hf_backend(verifier, prompts, ser
     before = server.state.requests
     result = run_served(verifier, prompts, tmp_path, server)
     assert rows_of(tmp_path) == hf_rows
-    assert server.state.requests - before == len(hf_rows) == 7  # one request per row, none for skipped prompts
+    assert (
+        server.state.requests - before == len(hf_rows) == 7
+    )  # one request per row, none for skipped prompts
     assert sum(len(r["input_ids"]) - r["prompt_len"] for r in hf_rows) > 100
     backend = result.metadata["backend"]
     assert backend["backend"] == "openai" and backend["server_model"] == "tiny-random-llama"
@@ -128,7 +134,9 @@ def test_launch_task_synth_with_the_openai_backend_writes_the_hf_rows(server, hf
     assert metadata["backend"]["backend"] == "openai" and metadata["backend"]["server_url"] == server.url
     bad = launch(["task=synth", "model/verifier=tiny-random", "dataset=demo", "tracking=none",
                   "synth.backend=openai", f"synth.output_dir={tmp_path / 'bad'}"])  # fmt: skip
-    assert bad.returncode == 2 and "synth.backend=openai needs synth.server_url=http://HOST:PORT" in bad.stderr
+    assert (
+        bad.returncode == 2 and "synth.backend=openai needs synth.server_url=http://HOST:PORT" in bad.stderr
+    )
     assert "Traceback" not in bad.stderr
 
 
@@ -152,7 +160,9 @@ def test_a_crashed_served_run_resumes_and_sends_only_the_missing_prompts(
 def test_sampled_rows_have_their_own_seeds_whatever_the_batches(verifier, prompts, server, hf_rows, tmp_path):
     sampled = dataclasses.replace(GREEDY, temperature=1.0)
     run_served(verifier, prompts, tmp_path / "b3", server, settings=sampled)
-    run_served(verifier, prompts, tmp_path / "b2", server, settings=dataclasses.replace(sampled, batch_size=2))
+    run_served(
+        verifier, prompts, tmp_path / "b2", server, settings=dataclasses.replace(sampled, batch_size=2)
+    )
     rows = rows_of(tmp_path / "b3")
     assert rows == rows_of(tmp_path / "b2")
     assert [r["input_ids"] for r in rows] != [r["input_ids"] for r in hf_rows]  # T = 1 sampled something else
@@ -179,7 +189,10 @@ def test_an_unreachable_server_is_named(verifier):
 
 
 def test_the_served_model_is_checked(verifier, server):
-    with pytest.raises(SynthServerError, match=r"does not serve synth.server_model='llama'; it serves \['tiny-random-llama'\]"):
+    with pytest.raises(
+        SynthServerError,
+        match=r"does not serve synth.server_model='llama'; it serves \['tiny-random-llama'\]",
+    ):
         OpenAIBackend(server_settings(server, server_model="llama"), GREEDY, verifier.tokenizer, [EOS_ID])
 
 
@@ -189,7 +202,9 @@ def test_a_server_without_token_ids_fails_loudly_unless_retokenizing(verifier, p
             run_served(verifier, prompts, tmp_path / "ids", text_only)
         # The random model emits bytes that are not UTF-8: its text cannot re-tokenize to what it sampled.
         with pytest.raises(SynthServerError, match="re-tokenizes to .* but the server generated"):
-            run_served(verifier, prompts, tmp_path / "text", text_only, server_kwargs={"token_ids": "retokenize"})
+            run_served(
+                verifier, prompts, tmp_path / "text", text_only, server_kwargs={"token_ids": "retokenize"}
+            )
 
 
 def test_retokenized_text_is_accepted_when_it_round_trips(verifier, server):
@@ -206,7 +221,9 @@ def test_retokenized_text_is_accepted_when_it_round_trips(verifier, server):
         prompt = tokenizer.encode("User: hello\nAssistant: ")
         (ids,), _ = backend.generate([prompt], [24], [1])
     with serve(model, tokenizer, "ascii") as exact:
-        exact_backend = OpenAIBackend(ServerSettings(backend="openai", server_url=exact.url), GREEDY, tokenizer, [EOS_ID])
+        exact_backend = OpenAIBackend(
+            ServerSettings(backend="openai", server_url=exact.url), GREEDY, tokenizer, [EOS_ID]
+        )
         (expected,), _ = exact_backend.generate([prompt], [24], [1])
     assert ids == expected and all(t < 128 or t == EOS_ID for t in ids) and len(ids) > 0
 
@@ -215,7 +232,9 @@ def test_task_path_with_a_checkpoint_loads_no_weights(verifier, prompts, server,
     """What task=synth does for synth.backend=openai: tokenizer + configs only, the server generates."""
     tiny_random_model("llama", seed=0, num_layers=2).save_pretrained(tmp_path / "ckpt")
     byte_tokenizer().save_pretrained(tmp_path / "ckpt")
-    light = verifier_without_weights(ModelSpec(kind="local", name="tiny-random-llama", path=str(tmp_path / "ckpt")))
+    light = verifier_without_weights(
+        ModelSpec(kind="local", name="tiny-random-llama", path=str(tmp_path / "ckpt"))
+    )
     assert next(light.model.parameters()).device.type == "meta"
     assert light.model.generation_config.eos_token_id == EOS_ID
     server_cfg = ServerSettings.from_config({"backend": "openai", "server_url": server.url, "target_len": 88})
@@ -247,7 +266,8 @@ def test_server_url_gets_the_v1_prefix_once():
     assert ServerSettings(backend="vllm", server_url="http://h:8000/v1/").base_url == "http://h:8000/v1"
 
 
-# --- drafters as vLLM proposers ------------------------------------------------------------------------------
+# --- drafters as vLLM proposers
+# ------------------------------------------------------------------------------
 
 
 def vllm_config(k: int = 4, max_model_len: int = 512, **spec) -> SimpleNamespace:
@@ -353,7 +373,9 @@ def simulate(proposer, make_drafter, rng: random.Random, check=True, requests: i
             drafts = request["drafts"] or []
             truth = request["target"][position:]
             accepted = 0
-            while accepted < len(drafts) and accepted < len(truth) - 1 and drafts[accepted] == truth[accepted]:
+            while (
+                accepted < len(drafts) and accepted < len(truth) - 1 and drafts[accepted] == truth[accepted]
+            ):
                 accepted += 1
             new = truth[: accepted + 1]  # the prefill step samples one token; later steps n drafts + 1
             accepted_total += accepted

@@ -88,7 +88,8 @@ def _early_eos(unsharded) -> int:
     return outputs[0][3]
 
 
-# --- Placement: plain-data checks ----------------------------------------------------------------------------
+# --- Placement: plain-data checks
+# ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -112,7 +113,10 @@ def test_bad_placements_name_the_key(kwargs, message):
 
 def test_placement_reads_spec_fields_and_builds_from_pretrained_kwargs(tmp_path):
     spec = ModelSpec(kind="hub", path="x")
-    spec.device_map = {"model.embed_tokens": 0, "lm_head": "disk"}  # model.verifier once the schema has the keys
+    spec.device_map = {
+        "model.embed_tokens": 0,
+        "lm_head": "disk",
+    }  # model.verifier once the schema has the keys
     spec.offload_folder = str(tmp_path)
     placement = Placement.of(spec, key="model.drafter")
     assert placement.sharded and placement.key == "model.drafter"
@@ -136,7 +140,13 @@ def test_tensor_parallel_outside_torchrun_names_the_command(checkpoints, monkeyp
 
 
 def test_slurm_tasks_become_torchrun_ranks():
-    env = {"SLURM_NTASKS": "4", "SLURM_NNODES": "1", "SLURM_PROCID": "2", "SLURM_LOCALID": "2", "SLURM_JOB_ID": "123"}
+    env = {
+        "SLURM_NTASKS": "4",
+        "SLURM_NNODES": "1",
+        "SLURM_PROCID": "2",
+        "SLURM_LOCALID": "2",
+        "SLURM_JOB_ID": "123",
+    }
     assert adopt_slurm_tasks(env)
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("2", "2", "4")
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "20123")
@@ -159,7 +169,8 @@ def test_world_reads_torchrun_then_slurm(monkeypatch):
     assert world() == (0, 0, 2)
 
 
-# --- device_map: accelerate's hooks on the decoding path -----------------------------------------------------
+# --- device_map: accelerate's hooks on the decoding path
+# -----------------------------------------------------
 
 
 def test_device_map_with_disk_offload_decodes_like_the_unsharded_model(checkpoints, unsharded, tmp_path):
@@ -180,7 +191,9 @@ def test_device_map_with_disk_offload_decodes_like_the_unsharded_model(checkpoin
 
 
 def test_device_map_auto_spills_to_disk_and_decodes_alike(checkpoints, unsharded, tmp_path):
-    placement = Placement(device_map="auto", max_memory={"cpu": 450_000}, offload_folder=str(tmp_path / "off"))
+    placement = Placement(
+        device_map="auto", max_memory={"cpu": 450_000}, offload_folder=str(tmp_path / "off")
+    )
     verifier = load_verifier(_spec(checkpoints[0]), "cpu", "float32", placement=placement)
     placed = verifier.model.hf_device_map
     assert placed["model.embed_tokens"] == "cpu" and "disk" in placed.values()
@@ -189,7 +202,9 @@ def test_device_map_auto_spills_to_disk_and_decodes_alike(checkpoints, unsharded
 
 
 def test_offloaded_embedding_is_refused_with_the_fix(checkpoints, tmp_path):
-    placement = Placement(device_map="auto", max_memory={"cpu": 120_000}, offload_folder=str(tmp_path / "off"))
+    placement = Placement(
+        device_map="auto", max_memory={"cpu": 120_000}, offload_folder=str(tmp_path / "off")
+    )
     with pytest.raises(PlacementError, match="keep the first modules on a GPU"):
         load_verifier(_spec(checkpoints[0]), "cpu", "float32", placement=placement)
 
@@ -213,7 +228,8 @@ def test_drafter_device_map_and_a_lookup_drafter(checkpoints, unsharded, tmp_pat
     assert _decode(verifier, lookup)[0] == expected
 
 
-# --- tensor parallel: 2 CPU processes, gloo -------------------------------------------------------------------
+# --- tensor parallel: 2 CPU processes, gloo
+# -------------------------------------------------------------------
 
 
 def _free_port() -> int:
@@ -248,7 +264,9 @@ def _tp_rank(rank: int, world_size: int, port: int, verifier_dir: str, drafter_d
 
 
 @pytest.mark.slow
-def test_tensor_parallel_over_two_cpu_processes_decodes_like_the_unsharded_model(checkpoints, unsharded, tmp_path):
+def test_tensor_parallel_over_two_cpu_processes_decodes_like_the_unsharded_model(
+    checkpoints, unsharded, tmp_path
+):
     eos = _early_eos(unsharded)
     mp.spawn(
         _tp_rank, args=(2, _free_port(), *checkpoints, eos, str(tmp_path)), nprocs=2, join=True
@@ -263,9 +281,13 @@ def test_tensor_parallel_over_two_cpu_processes_decodes_like_the_unsharded_model
     assert ranks[0]["sampled"] == ranks[1]["sampled"]  # every rank draws the same tokens
 
 
-# --- presets ----------------------------------------------------------------------------------------------------
+# --- presets
+# ----------------------------------------------------------------------------------------------------
 
-PRESETS_70B = {"llama3-70b-sd": "meta-llama/Llama-3.2-1B-Instruct", "llama3-70b-eagle3": "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"}
+PRESETS_70B = {
+    "llama3-70b-sd": "meta-llama/Llama-3.2-1B-Instruct",
+    "llama3-70b-eagle3": "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B",
+}
 
 
 @pytest.mark.parametrize(("name", "drafter"), sorted(PRESETS_70B.items()))
@@ -289,5 +311,9 @@ def test_cluster_variants_extend_slurm_gpu(name, gpus, tasks):
     base = compose_config(["+cluster=slurm-gpu"], return_hydra_config=True).hydra.launcher
     launcher = cfg.hydra.launcher
     assert (launcher.gpus_per_node, launcher.tasks_per_node) == (gpus, tasks)
-    assert (launcher.partition, launcher.signal_delay_s, launcher.setup) == (base.partition, base.signal_delay_s, base.setup)
+    assert (launcher.partition, launcher.signal_delay_s, launcher.setup) == (
+        base.partition,
+        base.signal_delay_s,
+        base.setup,
+    )
     assert launcher._target_.endswith("SlurmLauncher")

@@ -100,13 +100,16 @@ def store_run(tmp_path):
     """(uri, client, run_id) of a fresh SQLite MLflow store with one run."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = store.client(uri)
-    run_id = store.retry(client.create_run, store.get_or_create_experiment(client, "signals", uri)).info.run_id
+    run_id = store.retry(
+        client.create_run, store.get_or_create_experiment(client, "signals", uri)
+    ).info.run_id
     return uri, client, run_id
 
 
 @contextlib.contextmanager
 def sigterm_inside_the_next_commit(monkeypatch):
-    """The first SQLAlchemy commit in the block receives SIGTERM before it commits; commits are plain after."""
+    """The first SQLAlchemy commit in the block receives SIGTERM before it commits; commits are plain
+    after."""
     import sqlalchemy.orm
 
     commit = sqlalchemy.orm.Session.commit
@@ -130,7 +133,9 @@ def test_a_sigterm_during_an_sqlite_commit_lets_the_write_finish_then_stops(hand
     assert client.get_run(run_id).data.tags.get("written") == "yes"
 
 
-def test_a_sigterm_during_a_lightning_metric_write_lets_it_finish_then_stops(handlers, store_run, monkeypatch):
+def test_a_sigterm_during_a_lightning_metric_write_lets_it_finish_then_stops(
+    handlers, store_run, monkeypatch
+):
     from specbench.training.mlflow_logger import DeferringMLFlowLogger
 
     uri, client, run_id = store_run

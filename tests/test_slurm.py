@@ -50,7 +50,11 @@ def jobs_submitted_under(folder) -> list[str]:
     also lists other tests' jobs."""
     rows = subprocess.run(["squeue", "-h", "-o", "%i|%o"], capture_output=True, text=True, check=True).stdout
     prefix = str(folder).rstrip("/") + "/"
-    return [job for job, _, script in (row.partition("|") for row in rows.splitlines()) if script.startswith(prefix)]
+    return [
+        job
+        for job, _, script in (row.partition("|") for row in rows.splitlines())
+        if script.startswith(prefix)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +125,9 @@ def test_sweep_on_slurm_lands_in_mlflow_under_one_parent(slurm, mlflow_uri, tmp_
     assert sys.executable in submission
 
 
-def test_the_design_cards_slurm_sweep_runs_as_typed_and_says_missing_accounting_once(slurm, mlflow_uri, tmp_path):
+def test_the_design_cards_slurm_sweep_runs_as_typed_and_says_missing_accounting_once(
+    slurm, mlflow_uri, tmp_path
+):
     """README's `-m ... hydra/launcher=submitit_slurm` (no cluster preset), on tiny models: one job array of
     six jobs, and on this cluster (no job accounting) one note instead of sacct warnings at every poll."""
     from specbench.tracking.sacct_note import SACCT_WARNING, accounting_problem
@@ -159,11 +165,30 @@ def test_a_preempted_training_job_is_requeued_and_resumes_from_last_ckpt(slurm, 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": mlflow_uri}
     env.pop("HYDRA_FULL_ERROR", None)
     submitter = subprocess.Popen(
-        [sys.executable, str(ROOT / "launch.py"), "-m", "hydra/launcher=submitit_slurm", "+cluster=slurm-local",
-         "task=train", *tiny, "method=sd2", "steering=sd2", "steering.v_layers=[0,1,2]", "train.max_steps=60",
-         "train.batch_size=2", "train.val_every_steps=100", "train.checkpoint_every_steps=2",
-         f"train.data={synth}", f"train.output_dir={out}", f"hydra.sweep.dir={sweep_dir}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            str(ROOT / "launch.py"),
+            "-m",
+            "hydra/launcher=submitit_slurm",
+            "+cluster=slurm-local",
+            "task=train",
+            *tiny,
+            "method=sd2",
+            "steering=sd2",
+            "steering.v_layers=[0,1,2]",
+            "train.max_steps=60",
+            "train.batch_size=2",
+            "train.val_every_steps=100",
+            "train.checkpoint_every_steps=2",
+            f"train.data={synth}",
+            f"train.output_dir={out}",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     last = out / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + 300

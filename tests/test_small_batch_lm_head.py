@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbench.decoding import GenerationSettings, SpeculativeEngine
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.models import ModelSpec, load_verifier
 from specbench.models.small_batch_lm_head import MAX_ROWS, SmallBatchLinear, use_small_batch_lm_head
 from specbench.models.tiny import tiny_random_model
@@ -90,6 +91,6 @@ def test_loaded_models_get_it_and_greedy_speculative_decoding_stays_identical():
     common = {"settings": GenerationSettings(max_new_tokens=24), "vocab_size": 320, "eos_token_ids": []}
     prompts = [[5, 9, 33, 70, 12], [101, 7]]
     reference = [r.output_ids for r in SpeculativeEngine(verifier.model, None, **common).generate(prompts)]
-    speculative = SpeculativeEngine(verifier.model, drafter, **common).generate(prompts)
+    speculative = SpeculativeEngine(verifier.model, ModelDrafter(drafter, 320), **common).generate(prompts)
     assert [r.output_ids for r in speculative] == reference
     assert any(round_.drafted > 0 for r in speculative for round_ in r.rounds)

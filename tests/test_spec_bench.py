@@ -102,7 +102,9 @@ def test_one_run_writes_both_answer_files_and_the_table(tmp_path, question_path,
     assert base["figures"]["tokens_per_s"]["value"] == pytest.approx(overall["baseline_tokens_per_s"])
     low, high = sd["figures"]["speedup"]["interval"]
     assert low <= high and "median" in sd["figures"]["speedup"]
-    assert sd["figures"]["speedup_translation"]["value"] == pytest.approx(speed["tasks"]["translation"]["speedup"])
+    assert sd["figures"]["speedup_translation"]["value"] == pytest.approx(
+        speed["tasks"]["translation"]["speedup"]
+    )
     assert sd["identical_outputs"] is True and base["identical_outputs"] is True  # greedy sd: lossless
 
 

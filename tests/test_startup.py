@@ -182,7 +182,13 @@ def test_the_startup_benchmark_prints_its_timings(tmp_path):
 
     [(path, record)] = load_records(tmp_path)
     assert record["benchmark"] == "startup" and f"result record: {path}" in proc.stdout
-    assert [row["setup"] for row in record["rows"]] == ["import of the launch path", "config error (schedule.gamma=0)"]
+    assert [row["setup"] for row in record["rows"]] == [
+        "import of the launch path",
+        "config error (schedule.gamma=0)",
+    ]
     for row in record["rows"]:
         printed = next(line for line in proc.stdout.splitlines() if line.startswith(row["setup"]))
-        assert printed.split()[-3] == f"{row['figures']['seconds']['value']:.2f}" and row["identical_outputs"] is None
+        assert (
+            printed.split()[-3] == f"{row['figures']['seconds']['value']:.2f}"
+            and row["identical_outputs"] is None
+        )

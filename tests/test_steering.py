@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specbench.decoding import DraftSchedule, GenerationSettings, SpeculativeEngine
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.drafters.sd2 import SD2Drafter
 from specbench.drafters.steering import SteeredDrafter, SteeringHead, resolve_spec, verifier_features
 from specbench.models.early_exit import early_exit_drafter
@@ -133,8 +134,12 @@ def test_bad_steering_settings_name_the_key():
 
 def engine(verifier, drafter, steering, gamma, settings=None, batch=False):
     return SpeculativeEngine(
-        verifier, SD2Drafter(steering) if steering is not None else drafter, schedule=DraftSchedule("constant", gamma),
-        settings=settings or GenerationSettings(max_new_tokens=24), eos_token_ids=[EOS_ID], pad_token_id=PAD_ID,
+        verifier,
+        SD2Drafter(steering) if steering is not None else ModelDrafter(drafter),
+        schedule=DraftSchedule("constant", gamma),
+        settings=settings or GenerationSettings(max_new_tokens=24),
+        eos_token_ids=[EOS_ID],
+        pad_token_id=PAD_ID,
     )
 
 
@@ -145,8 +150,12 @@ def test_greedy_decoding_with_non_zero_steering_equals_the_verifier(arch, gamma)
     try:
         for prompt in PROMPTS:
             want = verifier.generate(
-                torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
-            )[0, len(prompt):].tolist()
+                torch.tensor([prompt]),
+                max_new_tokens=24,
+                do_sample=False,
+                eos_token_id=EOS_ID,
+                pad_token_id=PAD_ID,
+            )[0, len(prompt) :].tolist()
             got = engine(verifier, drafter, module, gamma).generate([prompt])[0].output_ids
             assert got == want
         batch = engine(verifier, drafter, module, gamma).generate(PROMPTS)
@@ -168,7 +177,9 @@ def test_steering_changes_drafts_and_zero_steering_changes_nothing():
         torch.nn.init.normal_(module.head.project.weight, std=2.0)
         steered_run = engine(verifier, drafter, module, 3).generate(PROMPTS)
         assert [r.output_ids for r in steered_run] == [r.output_ids for r in plain]
-        assert [[r.accepted for r in s.rounds] for s in steered_run] != [[r.accepted for r in s.rounds] for s in plain]
+        assert [[r.accepted for r in s.rounds] for s in steered_run] != [
+            [r.accepted for r in s.rounds] for s in plain
+        ]
     finally:
         module.remove()
 

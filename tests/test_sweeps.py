@@ -309,7 +309,13 @@ def test_a_sigkilled_submitter_leaves_no_parent_running_after_the_next_sweep(mlf
     killed_dir = tmp_path / "killed"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": mlflow_uri}
     env.pop("HYDRA_FULL_ERROR", None)
-    args = [*TINY, "gen.max_new_tokens=64", "eval.baseline=false", "runtime.num_threads=1", "gen.seed=0,1,2,3,4,5"]
+    args = [
+        *TINY,
+        "gen.max_new_tokens=64",
+        "eval.baseline=false",
+        "runtime.num_threads=1",
+        "gen.seed=0,1,2,3,4,5",
+    ]
     submitter = subprocess.Popen(
         [sys.executable, str(ROOT / "launch.py"), "-m", *args, f"hydra.sweep.dir={killed_dir}"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -25,7 +25,9 @@ class Crash(RuntimeError):
 
 @pytest.fixture(scope="module")
 def verifier():
-    return load_verifier(ModelSpec(kind="tiny_random", name="tiny-random-llama", num_layers=2), "cpu", "float32")
+    return load_verifier(
+        ModelSpec(kind="tiny_random", name="tiny-random-llama", num_layers=2), "cpu", "float32"
+    )
 
 
 @pytest.fixture(scope="module")

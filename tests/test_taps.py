@@ -28,7 +28,9 @@ def check_convention(model, ids, atol=1e-5):
             logits = model(input_ids=ids).logits
     for i in range(depth):
         torch.testing.assert_close(states.taps[i], reference.hidden_states[i], atol=atol, rtol=0)
-    torch.testing.assert_close(model.base_model.norm(states.taps[depth]), base.last_hidden_state, atol=atol, rtol=0)
+    torch.testing.assert_close(
+        model.base_model.norm(states.taps[depth]), base.last_hidden_state, atol=atol, rtol=0
+    )
     torch.testing.assert_close(states.last, base.last_hidden_state, atol=atol, rtol=0)
     torch.testing.assert_close(model.lm_head(states.last), logits, atol=atol, rtol=0)
     # The final norm is not idempotent on these weights: normalising twice would be visible.

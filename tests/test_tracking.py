@@ -248,7 +248,9 @@ def test_an_alias_is_recorded_under_its_canonical_name(mlflow_uri, tmp_path):
     params, tags = run.data.params, run.data.tags
     assert (params["method.name"], params["method.draft_weight"]) == ("static_ensemble", "0.3")
     assert (tags["specbench.method"], tags["specbench.method_alias"]) == ("static_ensemble", "static_en")
-    found = client(mlflow_uri).search_runs([run.info.experiment_id], "params.`method.name` = 'static_ensemble'")
+    found = client(mlflow_uri).search_runs(
+        [run.info.experiment_id], "params.`method.name` = 'static_ensemble'"
+    )
     assert [r.info.run_id for r in found] == [run.info.run_id]  # filtering by method finds aliased runs
     assert run.info.run_name.startswith("static_ensemble")
 
@@ -290,7 +292,9 @@ def test_a_dataset_file_error_opens_no_run(content, message, mlflow_uri, tmp_pat
         path.mkdir()
     else:
         path.write_bytes(content)
-    cfg = compose_config([*TINY, "dataset=jsonl", f"dataset.path={path}", f"eval.output_dir={tmp_path / 'out'}"])
+    cfg = compose_config(
+        [*TINY, "dataset=jsonl", f"dataset.path={path}", f"eval.output_dir={tmp_path / 'out'}"]
+    )
     with pytest.raises(ConfigError) as info:
         run_task(EvalTask(cfg))
     assert str(info.value).startswith("dataset.path") and message in str(info.value)
@@ -316,7 +320,9 @@ def test_a_report_run_is_named_after_the_report_and_logs_its_own_groups(mlflow_u
     job = tmp_path / "sweep" / "0"
     job.mkdir(parents=True)
     (job / "metrics.json").write_text(json.dumps({"method": "sd", "tau": 1.5, "acceptance_rate": 0.2}))
-    cfg = compose_config(["task=report", f"task.sweep_dir={tmp_path / 'sweep'}", f"task.output_dir={tmp_path / 'o'}"])
+    cfg = compose_config(
+        ["task=report", f"task.sweep_dir={tmp_path / 'sweep'}", f"task.output_dir={tmp_path / 'o'}"]
+    )
     run_task(ReportTask(cfg))
     (run,) = runs_of(mlflow_uri, "specbench-report")
     assert run.info.status == "FINISHED" and run.info.run_name.startswith(f"report {tmp_path / 'sweep'}")
@@ -356,7 +362,9 @@ def test_a_tracking_store_mlflow_cannot_use_fails_in_seconds_naming_the_key(uri,
     if uri == "A_DIR":
         uri = f"sqlite:///{tmp_path}"
     started = time.monotonic()
-    proc = launch([*TINY, f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'run'}"], cache_dir=tmp_path / "c")
+    proc = launch(
+        [*TINY, f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'run'}"], cache_dir=tmp_path / "c"
+    )
     assert time.monotonic() - started < 10, proc.stderr[-2000:]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     (line,) = [x for x in proc.stderr.splitlines() if x.strip()]

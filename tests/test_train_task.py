@@ -13,7 +13,12 @@ from specbench.config.validate import validate_train
 
 TINY = ["model/verifier=tiny-random", "model/drafter=tiny-random", "runtime.num_threads=1"]
 SD2 = ["method=sd2", "steering=sd2", "steering.v_layers=[0,1,2]"]
-SHORT = ["train.max_steps=4", "train.batch_size=2", "train.val_every_steps=2", "train.checkpoint_every_steps=2"]
+SHORT = [
+    "train.max_steps=4",
+    "train.batch_size=2",
+    "train.val_every_steps=2",
+    "train.checkpoint_every_steps=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +65,8 @@ def test_sd2_and_distill_train_then_evaluate(synth_dir, tmp_path, mlflow_uri):
     )):
         eval_dir = tmp_path / f"eval-{number}"
         proc = launch(
-            [*TINY, *extra, "gen.max_new_tokens=8", "dataset.limit=2", f"eval.output_dir={eval_dir}"], timeout=300
+            [*TINY, *extra, "gen.max_new_tokens=8", "dataset.limit=2", f"eval.output_dir={eval_dir}"],
+            timeout=300,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         metrics = json.loads((eval_dir / "metrics.json").read_text())
@@ -142,8 +148,17 @@ def test_a_killed_training_job_rerun_resumes_from_last_ckpt(synth_dir, tmp_path,
 def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
     out = tmp_path / "ddp"
     proc = launch(
-        ["task=train", *TINY, *SD2, *SHORT, "train.devices=2", "train.strategy=ddp", f"train.data={synth_dir}",
-         f"train.output_dir={out}", f"hydra.run.dir={out / 'hydra'}"],
+        [
+            "task=train",
+            *TINY,
+            *SD2,
+            *SHORT,
+            "train.devices=2",
+            "train.strategy=ddp",
+            f"train.data={synth_dir}",
+            f"train.output_dir={out}",
+            f"hydra.run.dir={out / 'hydra'}",
+        ],
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -155,13 +170,22 @@ def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
     ("overrides", "message"),
     [
         (["method=sd"], "task=train trains method=sd2, distill, diversed, eagle3 or dflash"),
-        (["method=dflash", "train.data=."], "task=train method=dflash trains a DFlash drafter: add model/drafter=dflash"),
-        (["method=dflash", "model/drafter=dflash", "train.data=.", "train.dflash_block_size=1"],
-         "train.dflash_block_size must be >= 2"),
-        (["method=dflash", "model/drafter=dflash", "train.data=.", "train.dflash_loss_gamma=0"],
-         "train.dflash_loss_gamma must be > 0 or null"),
-        (["method=dflash", "model/drafter=dflash", "train.data=.", "model.drafter.params.path=x.pt"],
-         "task=train method=dflash trains a new drafter; model.drafter.params.path must be null"),
+        (
+            ["method=dflash", "train.data=."],
+            "task=train method=dflash trains a DFlash drafter: add model/drafter=dflash",
+        ),
+        (
+            ["method=dflash", "model/drafter=dflash", "train.data=.", "train.dflash_block_size=1"],
+            "train.dflash_block_size must be >= 2",
+        ),
+        (
+            ["method=dflash", "model/drafter=dflash", "train.data=.", "train.dflash_loss_gamma=0"],
+            "train.dflash_loss_gamma must be > 0 or null",
+        ),
+        (
+            ["method=dflash", "model/drafter=dflash", "train.data=.", "model.drafter.params.path=x.pt"],
+            "task=train method=dflash trains a new drafter; model.drafter.params.path must be null",
+        ),
         (["method=sd2", "steering=none"], "task=train method=sd2 trains an SD² steering head: add steering=sd2"),
         ([*SD2], "task=train method=sd2 needs train.data=DIR"),
         ([*SD2, "train.data=/no/such/dir"], "train.data: '/no/such/dir' does not exist"),
@@ -171,15 +195,32 @@ def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
         ([*SD2, "train.data=.", "train.max_offset=0"], "train.max_offset must be >= 1"),
         ([*SD2, "train.data=.", "train.baseline_ema=1"], "train.baseline_ema must be in [0, 1)"),
         ([*SD2, "train.data=.", "model/drafter=none"], "model.drafter.kind is 'none'"),
-        (["method=eagle3", "train.data=."], "task=train method=eagle3 trains an EAGLE-3 head: add model/drafter=eagle3"),
-        (["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.init_layer=copy"],
-         "train.init_layer must be one of ['random', 'verifier_last']"),
-        (["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.ttt_chain_fraction=0"],
-         "train.ttt_chain_fraction must be in (0, 1]"),
-        (["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.init_head=/no/head.pt"],
-         "train.init_head: '/no/head.pt' is not a file; pass the trained.pt or last.ckpt"),
-        (["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.init_head=launch.py",
-          "train.init_layer=verifier_last"], "train.init_head and train.init_layer both set"),
+        (
+            ["method=eagle3", "train.data=."],
+            "task=train method=eagle3 trains an EAGLE-3 head: add model/drafter=eagle3",
+        ),
+        (
+            ["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.init_layer=copy"],
+            "train.init_layer must be one of ['random', 'verifier_last']",
+        ),
+        (
+            ["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.ttt_chain_fraction=0"],
+            "train.ttt_chain_fraction must be in (0, 1]",
+        ),
+        (
+            ["method=eagle3", "model/drafter=eagle3", "train.data=.", "train.init_head=/no/head.pt"],
+            "train.init_head: '/no/head.pt' is not a file; pass the trained.pt or last.ckpt",
+        ),
+        (
+            [
+                "method=eagle3",
+                "model/drafter=eagle3",
+                "train.data=.",
+                "train.init_head=launch.py",
+                "train.init_layer=verifier_last",
+            ],
+            "train.init_head and train.init_layer both set",
+        ),
     ],
 )
 def test_bad_training_config_names_the_key(overrides, message):
@@ -194,7 +235,9 @@ def test_data_from_another_verifier_is_refused(synth_dir, tmp_path):
          f"train.data={synth_dir}", f"train.output_dir={tmp_path / 'x'}", f"hydra.run.dir={tmp_path / 'h'}"],
         timeout=300,
     )
-    assert proc.returncode == 2 and "was sampled from verifier" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        proc.returncode == 2 and "was sampled from verifier" in proc.stderr and "Traceback" not in proc.stderr
+    )
 
 
 def test_the_training_console_is_progress_and_results(tmp_path, mlflow_uri):

@@ -35,10 +35,28 @@ V_LAYERS = [1, 2, 4]
 
 def train_cfg(**overrides):
     values = {
-        "max_steps": 4, "batch_size": 4, "accumulate_grad_batches": 1, "lr_start": 1e-2, "lr_end": 1e-3, "warmup_steps": 1,
-        "weight_decay": 0.0, "grad_clip": 1.0, "loss": "kl", "offset": "random", "max_offset": 3, "val_every_steps": 2,
-        "val_batches": 1, "val_prompts": 2, "checkpoint_every_steps": 2, "seed": 0, "devices": 1, "strategy": "auto",
-        "precision": None, "num_workers": 0, "lora_rank": 4, "lora_alpha": 8,
+        "max_steps": 4,
+        "batch_size": 4,
+        "accumulate_grad_batches": 1,
+        "lr_start": 1e-2,
+        "lr_end": 1e-3,
+        "warmup_steps": 1,
+        "weight_decay": 0.0,
+        "grad_clip": 1.0,
+        "loss": "kl",
+        "offset": "random",
+        "max_offset": 3,
+        "val_every_steps": 2,
+        "val_batches": 1,
+        "val_prompts": 2,
+        "checkpoint_every_steps": 2,
+        "seed": 0,
+        "devices": 1,
+        "strategy": "auto",
+        "precision": None,
+        "num_workers": 0,
+        "lora_rank": 4,
+        "lora_alpha": 8,
     }
     values.update(overrides)
     return SimpleNamespace(**values)
@@ -51,12 +69,20 @@ def rows(count=12, seed=0):
         prompt_len = 2 + i % 4
         total = prompt_len + 6 + i % 3
         ids = torch.randint(3, 300, (total,), generator=g).tolist()
-        out.append({"input_ids": ids, "loss_mask": [0] * prompt_len + [1] * (total - prompt_len), "prompt_len": prompt_len})
+        out.append(
+            {
+                "input_ids": ids,
+                "loss_mask": [0] * prompt_len + [1] * (total - prompt_len),
+                "prompt_len": prompt_len,
+            }
+        )
     return out
 
 
 def synthetic_dataset():
-    return DatasetDict({"train": Dataset.from_list(rows(12)), "validation": Dataset.from_list(rows(4, seed=1))})
+    return DatasetDict(
+        {"train": Dataset.from_list(rows(12)), "validation": Dataset.from_list(rows(4, seed=1))}
+    )
 
 
 def loaded(model, name):
@@ -73,7 +99,9 @@ def module_for(method="sd2", finetune="full", cfg=None, verifier=None, drafter=N
     cfg = cfg or train_cfg()
     if verifier is None:
         verifier, drafter = models()
-    model = trainable_drafter(drafter.model, verifier.model, finetune, LoraSettings(4, 8) if finetune == "lora" else None)
+    model = trainable_drafter(
+        drafter.model, verifier.model, finetune, LoraSettings(4, 8) if finetune == "lora" else None
+    )
     steering = None
     if method == "sd2":
         steering = SteeredDrafter(model, resolve_spec(verifier.model, model, V_LAYERS))
@@ -113,7 +141,9 @@ def test_blocked_offsets_mirror_decoding_rounds(phase):
     """Rounds of k positions from the first response-predicting position; each position is steered by the
     position just before its round, so distances run 1..k within a round, as when decoding."""
     k, prompt_len, length = 3, 4, 14
-    src = steering_sources("blocked", 0, torch.tensor([prompt_len]), length, max_offset=k, phase=phase)[0].tolist()
+    src = steering_sources("blocked", 0, torch.tensor([prompt_len]), length, max_offset=k, phase=phase)[
+        0
+    ].tolist()
     first = prompt_len - 1
     assert src[:first] == [-1] * first
     distances = [t - s for t, s in enumerate(src) if t >= first]
@@ -148,7 +178,10 @@ def test_warmup_then_cosine_is_sequential():
     assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))  # non-increasing after warm-up
 
 
-@pytest.mark.parametrize("method,finetune", [("sd2", "full"), ("sd2", "none"), ("sd2", "lora"), ("distill", "full"), ("distill", "lora")])
+@pytest.mark.parametrize(
+    "method,finetune",
+    [("sd2", "full"), ("sd2", "none"), ("sd2", "lora"), ("distill", "full"), ("distill", "lora")],
+)
 def test_optimisation_steps_lower_the_loss(method, finetune):
     module, *_ = module_for(method, finetune)
     batch = pad_batch(rows(8), PAD_ID)
@@ -250,7 +283,9 @@ def test_checkpoint_of_another_pair_or_method_is_refused(tmp_path):
 
 
 def test_lr_schedule_reaches_the_optimiser():
-    module, *_ = module_for("distill", "full", cfg=train_cfg(max_steps=10, warmup_steps=2, lr_start=1e-2, lr_end=1e-4))
+    module, *_ = module_for(
+        "distill", "full", cfg=train_cfg(max_steps=10, warmup_steps=2, lr_start=1e-2, lr_end=1e-4)
+    )
     config = module.configure_optimizers()
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
     seen = []

@@ -85,7 +85,8 @@ def test_reordered_path_leaves_a_cache_equal_to_the_chains(verifier):
 def test_greedy_walk_follows_the_argmax_through_chain_and_leaves():
     vocab = 6
     p = torch.zeros(1, 5, vocab)
-    # argmax per column: root -> 3, column 1 (token 2) -> 4, column 2 (token 3) -> 5, column 3 -> 1, column 4 -> 0
+    # argmax per column: root -> 3, column 1 (token 2) -> 4, column 2 (token 3) -> 5, column 3 -> 1, column 4
+    # -> 0
     for column, best in enumerate([3, 4, 5, 1, 0]):
         p[0, column, best] = 1.0
     tokens = torch.tensor([[2, 3, 5, 1]])
@@ -118,7 +119,9 @@ def test_sampled_walk_emits_the_verifiers_law_at_every_step():
     assert second.sum() > 500 and chi2_pvalue(second, p[0, 1].double().numpy()) > 1e-3
 
 
-def tree_engine(verifier, head, width, gamma=3, max_new=20, temperature=0.0, seed=0, rule=None, eos=(EOS_ID,)):
+def tree_engine(
+    verifier, head, width, gamma=3, max_new=20, temperature=0.0, seed=0, rule=None, eos=(EOS_ID,)
+):
     return SpeculativeEngine(
         verifier.model,
         Eagle3Drafter(head, tree_width=width),
@@ -181,7 +184,10 @@ def test_tree_sampling_has_the_verifiers_joint_law_of_two_tokens(verifier, data,
     p1, joint = exact_first_tokens(verifier.model, prompt)
     p1, joint = p1[:VOCAB], joint[:VOCAB, :VOCAB]
     assert chi2_pvalue(np.bincount(outs[:, 0], minlength=VOCAB), p1) > 1e-3
-    assert chi2_pvalue(np.bincount(outs[:, 0] * VOCAB + outs[:, 1], minlength=VOCAB**2), joint.reshape(-1)) > 1e-3
+    assert (
+        chi2_pvalue(np.bincount(outs[:, 0] * VOCAB + outs[:, 1], minlength=VOCAB**2), joint.reshape(-1))
+        > 1e-3
+    )
 
 
 def test_only_the_exact_rule_verifies_trees_and_the_width_is_checked(verifier, trained_head):
@@ -193,7 +199,9 @@ def test_only_the_exact_rule_verifies_trees_and_the_width_is_checked(verifier, t
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
-def test_suffix_drafter_with_a_tree_drafting_head_as_fallback_stays_lossless(verifier, data, trained_head, batch_size):
+def test_suffix_drafter_with_a_tree_drafting_head_as_fallback_stays_lossless(
+    verifier, data, trained_head, batch_size
+):
     from specbench.drafters.fallback import FallbackDrafter
     from specbench.drafters.suffix import SuffixDrafter
 
@@ -238,7 +246,9 @@ def _model_tree_drafter(verifier, width, fresh=False):
             self._forward(state.tokens[:, :-1], state.token_valid[:, :-1])
             return super().propose(state, caps, sampler, want_hidden)
 
-    drafter = (FreshCache if fresh else Recorded)(early_exit_drafter(verifier.model, 3), VOCAB, tree_width=width)
+    drafter = (FreshCache if fresh else Recorded)(
+        early_exit_drafter(verifier.model, 3), VOCAB, tree_width=width
+    )
     drafter.proposed = []
     return drafter
 

@@ -85,7 +85,9 @@ def normalize_method(cfg: DictConfig) -> tuple[str, str | None]:
 
 def _left_behind(key: str, value: Any) -> bool:
     """Whether ``value`` is the default some method's yaml gives ``key`` (composed, then renamed away)."""
-    return any(key in reads and method_defaults(name).get(key) == value for name, reads in METHOD_PARAMS.items())
+    return any(
+        key in reads and method_defaults(name).get(key) == value for name, reads in METHOD_PARAMS.items()
+    )
 
 
 def overridden_method_keys(cfg: DictConfig) -> set[str]:

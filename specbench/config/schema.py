@@ -58,11 +58,13 @@ def _method_config() -> type:
     """
     fields: list[Any] = [
         ("name", str, MISSING),
-        ("alias", Optional[str], None),  # the alias the method was asked for (sd_en, static_en, ...): a tag
+        # Optional[...] rather than X | None: runtime types for OmegaConf (noqa: UP045 below).
+        ("alias", Optional[str], None),  # noqa: UP045 (the alias the method was asked for: a tag)
     ]
-    fields += [(param.name, Optional[param.kind], None) for param in all_params()]
+    fields += [(param.name, Optional[param.kind], None) for param in all_params()]  # noqa: UP045
     fields += [
-        ("target", Optional[str], None),  # a rule from outside the table: dotted path of a VerificationRule subclass
+        # a rule from outside the table: dotted path of a VerificationRule subclass
+        ("target", Optional[str], None),  # noqa: UP045
         ("params", dict[str, Any], field(default_factory=dict)),  # its constructor arguments (with ``target``)
     ]
     config = make_dataclass("MethodConfig", fields)

@@ -62,7 +62,8 @@ class SweepCheckCallback(Callback):
             if problem is not None:
                 shown = " ".join(overrides) or "(no overrides)"
                 print(
-                    f"Config error: sweep job {number} of {len(jobs)} ({shown}): {problem}; no job was started",
+                    f"Config error: sweep job {number} of {len(jobs)} ({shown}): {problem}; "
+                    "no job was started",
                     file=sys.stderr,
                 )
                 sys.exit(2)

@@ -20,7 +20,8 @@ __all__ = ["DatasetSettings", "dataset_settings"]
 
 
 def dataset_settings(node: Any) -> DatasetSettings:
-    """Settings from a ``dataset`` config node (DictConfig or mapping), validated; ValueError names the key."""
+    """Settings from a ``dataset`` config node (DictConfig or mapping), validated; ValueError names the
+    key."""
     values = _as_dict(node)
     name = values.get("name")
     if name not in SPECS:
@@ -75,7 +76,8 @@ def _check_values(s: DatasetSettings) -> None:
         )
     if s.num_fewshot is not None and not 0 <= s.num_fewshot <= spec.max_fewshot:
         raise ValueError(
-            f"dataset.num_fewshot must be in [0, {spec.max_fewshot}] for dataset={s.name}, got {s.num_fewshot}"
+            f"dataset.num_fewshot must be in [0, {spec.max_fewshot}] for dataset={s.name}, got "
+            f"{s.num_fewshot}"
         )
     if s.prompt_format == "fewshot" and not s.num_fewshot:
         raise ValueError("dataset.num_fewshot must be >= 1 with dataset.prompt_format=fewshot")

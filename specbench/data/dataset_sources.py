@@ -109,7 +109,8 @@ def check_source(s: DatasetSettings) -> None:
         path = question_file()
         if not path.is_file():
             raise DatasetUnavailableError(
-                f"dataset={s.name}: Spec-Bench's question file {str(path)!r} does not exist; download it from "
+                f"dataset={s.name}: Spec-Bench's question file {str(path)!r} does not exist; download it "
+                "from "
                 f"{SPEC_BENCH_URL} and pass dataset.path=question.jsonl (or set ${QUESTIONS_ENV})"
             )
     elif source == "hub" and _offline():

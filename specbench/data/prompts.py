@@ -32,7 +32,8 @@ def demo_path() -> Path:
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, object) for each non-blank line; a corrupt line raises ValueError naming file and line."""
+    """(line number, object) for each non-blank line; a corrupt line raises ValueError naming file and
+    line."""
     rows = []
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
@@ -60,7 +61,8 @@ _USER_ROLES = ("user", "human")
 
 
 def _first_user_turn(turns: list[dict[str, Any]], name: str, where: str) -> str:
-    """The first user message of a chat: ShareGPT ``{"from": "human", "value"}`` or ``{"role": "user", "content"}``."""
+    """The first user message of a chat: ShareGPT ``{"from": "human", "value"}`` or ``{"role": "user",
+    "content"}``."""
     for turn in turns:
         role = turn.get("from", turn.get("role"))
         text = turn.get("value", turn.get("content"))

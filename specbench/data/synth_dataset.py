@@ -240,6 +240,40 @@ def load_synthetic(paths: str | Path | Sequence[str | Path]) -> tuple[DatasetDic
     """
     import datasets
 
+    dirs = _synthetic_dirs(paths)
+    parts = [_read_part(d) for d in dirs]
+    _check_mergeable(dirs, parts)
+    if len(parts) == 1:
+        merged = parts[0][0]
+    else:
+        merged = datasets.DatasetDict(
+            {split: datasets.concatenate_datasets([data[split] for data, _ in parts]) for split in SPLITS}
+        )
+    first = parts[0][1]
+    summary = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        **{k: first.get(k) for k in _SHARED_KEYS},
+        **{k: sum(int(m.get(k, 0)) for _, m in parts) for k in _SUMMED_KEYS},
+        "paths": [str(d) for d in dirs],
+        "parts": [m for _, m in parts],
+    }
+    return merged, summary
+
+
+# Metadata a merge takes from its first part, and the counts it sums over the parts.
+_SHARED_KEYS = (
+    "verifier", "verifier_path", "verifier_revision", "tokenizer_hash", "sampling", "target_len",
+    "eos_token_ids", "pad_token_id",
+)  # fmt: skip
+_SUMMED_KEYS = (
+    "rows", "train_rows", "validation_rows", "tokens", "generated_tokens", "finished_by_eos",
+    "skipped_prompts",
+)  # fmt: skip
+
+
+def _synthetic_dirs(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    """The dataset dirs ``paths`` name (see :func:`load_synthetic`), each once."""
     if isinstance(paths, (str, Path)):
         paths = [p for p in str(paths).split(",") if p.strip()]
     dirs: list[Path] = []
@@ -251,7 +285,11 @@ def load_synthetic(paths: str | Path | Sequence[str | Path]) -> tuple[DatasetDic
                 raise SynthDataError(f"train.data: {directory} is named twice")
     if not dirs:
         raise SynthDataError("train.data: no task=synth output dir given")
-    parts = [_read_part(d) for d in dirs]
+    return dirs
+
+
+def _check_mergeable(dirs: Sequence[Path], parts: Sequence[tuple[Any, dict]]) -> None:
+    """SynthDataError unless the parts share what MERGE_KEYS name and no response of a prompt is in two."""
     first_dir, (_, first) = dirs[0], parts[0]
     for directory, (_, metadata) in zip(dirs[1:], parts[1:]):
         changed = _differences(first["identity"], metadata["identity"], MERGE_KEYS)
@@ -281,39 +319,3 @@ def load_synthetic(paths: str | Path | Sequence[str | Path]) -> tuple[DatasetDic
                         f"{directory}/{split}: the same shard (or overlapping runs) was given twice"
                     )
                 seen[key] = Path(f"{directory}/{split}")
-    if len(parts) == 1:
-        merged = parts[0][0]
-    else:
-        merged = datasets.DatasetDict(
-            {split: datasets.concatenate_datasets([data[split] for data, _ in parts]) for split in SPLITS}
-        )
-    totals = (
-        "rows",
-        "train_rows",
-        "validation_rows",
-        "tokens",
-        "generated_tokens",
-        "finished_by_eos",
-        "skipped_prompts",
-    )
-    summary = {
-        "format": FORMAT,
-        "version": FORMAT_VERSION,
-        **{
-            k: first.get(k)
-            for k in (
-                "verifier",
-                "verifier_path",
-                "verifier_revision",
-                "tokenizer_hash",
-                "sampling",
-                "target_len",
-                "eos_token_ids",
-                "pad_token_id",
-            )
-        },
-        **{k: sum(int(m.get(k, 0)) for _, m in parts) for k in totals},
-        "paths": [str(d) for d in dirs],
-        "parts": [m for _, m in parts],
-    }
-    return merged, summary

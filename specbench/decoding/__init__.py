@@ -1,5 +1,6 @@
 """Decoding: one engine loop, pure verification rules, draft schedules, the KV-cache adapter, and the
-drafter protocol the engine talks to (protocol.py; model_drafter.py: the drafter a plain causal LM becomes)."""
+drafter protocol the engine talks to (protocol.py; model_drafter.py: the drafter a plain causal LM
+becomes)."""
 
 from specbench.decoding.block import BlockRule
 from specbench.decoding.engine import GenerationSettings, RoundRecord, SampleResult, SpeculativeEngine

@@ -36,7 +36,9 @@ class BlockTerms:
     threshold: torch.Tensor  # (B, G) column i-1 holds h_i; 0 past the row's length (never accepted)
 
 
-def block_terms(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor) -> BlockTerms:
+def block_terms(
+    p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor
+) -> BlockTerms:
     """ρ_i and h_i of every row (shapes as in :func:`specbench.decoding.verification.verify_round`)."""
     batch, gamma = drafts.shape
     p_x = p[:, :gamma].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
@@ -76,7 +78,8 @@ def block_residual(p_stop: torch.Tensor, q_stop: torch.Tensor, rho_stop: torch.T
 
 
 def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """The token whose CDF interval holds u: (R, V), (R,) in [0, 1) -> (R,). Never a zero-probability token."""
+    """The token whose CDF interval holds u: (R, V), (R,) in [0, 1) -> (R,). Never a zero-probability
+    token."""
     cdf = probs.cumsum(-1)
     target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
     ids = torch.searchsorted(cdf, target, right=True).squeeze(-1)

@@ -29,7 +29,9 @@ from specbench.models.taps import record_states
 class ForwardOutput:
     logits: torch.Tensor  # (B, W, vocab) float32, sliced to the shared vocabulary (or what ``lm_head`` gives)
     hidden: torch.Tensor | None  # (B, W, H) last hidden state: the LM head's input (final-normed)
-    taps: dict[int, torch.Tensor] = field(default_factory=dict)  # residual-stream taps (specbench.models.taps)
+    taps: dict[int, torch.Tensor] = field(
+        default_factory=dict
+    )  # residual-stream taps (specbench.models.taps)
 
 
 class CachedModel:
@@ -97,10 +99,13 @@ class CachedModel:
                 hidden = body.last_hidden_state
                 logits = self.lm_head(hidden)
         self.valid = torch.cat([self.valid, input_valid], dim=1)
-        return ForwardOutput(logits=logits.float(), hidden=hidden if output_hidden else None, taps=states.taps)
+        return ForwardOutput(
+            logits=logits.float(), hidden=hidden if output_hidden else None, taps=states.taps
+        )
 
     def _tree_inputs(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Position ids and the 4D attention mask of a tree forward (transformers passes 4D masks as they are)."""
+        """Position ids and the 4D attention mask of a tree forward (transformers passes 4D masks as they
+        are)."""
         ancestors, depth = tree_structure(parents)
         batch, width = depth.shape
         cached = self.valid.unsqueeze(1).expand(batch, width, -1)
@@ -155,7 +160,8 @@ class CachedModel:
         for layer in layers:
             if getattr(layer, "is_sliding", False):
                 raise NotImplementedError(
-                    "sliding-window cache layers cannot be re-aligned; use a model without sliding-window attention"
+                    "sliding-window cache layers cannot be re-aligned; use a model without sliding-window "
+                    "attention"
                 )
         return layers
 

@@ -148,7 +148,8 @@ def measure_verify_ms(
     made non-decreasing in n (:func:`monotone`).
 
     Each repeat times every n once, in turn, so a change of load on a shared machine falls on all n alike
-    instead of on one n's block of repeats (docs/drafters-model-free.md#a-lookup-drafter-with-a-model-drafter-as-fallback)."""
+    instead of on one n's block of repeats
+    (docs/drafters-model-free.md#a-lookup-drafter-with-a-model-drafter-as-fallback)."""
     from specbench.decoding.cache import CachedModel
     from specbench.models.devices import synchronize
 
@@ -159,7 +160,10 @@ def measure_verify_ms(
     cached.reset(batch_size)
     cached.forward(context)
     keep = cached.num_valid.clone()
-    blocks = [torch.randint(0, vocab_size, (batch_size, n), generator=generator).to(device) for n in range(1, max_n + 1)]
+    blocks = [
+        torch.randint(0, vocab_size, (batch_size, n), generator=generator).to(device)
+        for n in range(1, max_n + 1)
+    ]
 
     def step(block: torch.Tensor) -> None:
         cached.forward(block)

@@ -79,12 +79,14 @@ class CostAwareSchedule:
         return torch.ones_like(drafted_token_prob, dtype=torch.bool)
 
     def caps(self, gammas: torch.Tensor) -> torch.Tensor:
-        """Model drafters draft the best length for bucket 0; lookup drafters get the maximum and are trimmed."""
+        """Model drafters draft the best length for bucket 0; lookup drafters get the maximum and are
+        trimmed."""
         best = self.best_length(0, self.max_gamma)
         return torch.full_like(gammas, best if self._caps_before_drafting else self.max_gamma)
 
     def bind(self, drafter) -> None:
-        """Lookup drafters (``trimmed_by_schedule``) propose freely and are trimmed; model drafters are capped."""
+        """Lookup drafters (``trimmed_by_schedule``) propose freely and are trimmed; model drafters are
+        capped."""
         self._caps_before_drafting = not getattr(drafter, "trimmed_by_schedule", False)
 
     def trim(self, proposal: Proposal) -> Proposal:
@@ -114,7 +116,9 @@ class CostAwareSchedule:
         """(max_gamma,) estimated α_j for j = 1..max_gamma."""
         alpha = torch.empty(self.max_gamma, dtype=torch.float64)
         previous = PRIOR_MEAN
-        for j, (accepts, trials) in enumerate(zip(self.accepts[bucket].tolist(), self.trials[bucket].tolist())):
+        for j, (accepts, trials) in enumerate(
+            zip(self.accepts[bucket].tolist(), self.trials[bucket].tolist())
+        ):
             previous = alpha[j] = (accepts + PRIOR_TRIALS * previous) / (trials + PRIOR_TRIALS)
         return alpha
 

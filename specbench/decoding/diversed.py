@@ -66,13 +66,18 @@ class WeightHead(nn.Module):
 
     def logits(self, drafter_hidden: torch.Tensor, verifier_hidden: torch.Tensor) -> torch.Tensor:
         """(..., 2) float32 logits of (draft, verifier)."""
-        if drafter_hidden.shape[-1] != self.drafter_hidden_size or verifier_hidden.shape[-1] != self.verifier_hidden_size:
+        if (
+            drafter_hidden.shape[-1] != self.drafter_hidden_size
+            or verifier_hidden.shape[-1] != self.verifier_hidden_size
+        ):
             raise ValueError(
                 f"WeightHead expects drafter/verifier hidden sizes {self.drafter_hidden_size}/"
                 f"{self.verifier_hidden_size}, got {drafter_hidden.shape[-1]}/{verifier_hidden.shape[-1]}"
             )
         device = self.linear.weight.device
-        features = torch.cat([drafter_hidden.to(device, torch.float32), verifier_hidden.to(device, torch.float32)], -1)
+        features = torch.cat(
+            [drafter_hidden.to(device, torch.float32), verifier_hidden.to(device, torch.float32)], -1
+        )
         with torch.autocast(device_type=device.type, enabled=False):  # fp32 also under mixed precision
             return self.linear(features)
 
@@ -95,7 +100,9 @@ class DiversedRule(EnsembleRule):
     name = METHOD
     requires_hidden_states = True
 
-    def __init__(self, head: WeightHead, pool: str = "linear", metadata: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, head: WeightHead, pool: str = "linear", metadata: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(0.0, pool)
         self.head = head
         self.metadata = dict(metadata or {})
@@ -107,7 +114,8 @@ class DiversedRule(EnsembleRule):
     def target(self, p, q, weights=None):
         if weights is None:
             raise ValueError(
-                "DiversedRule needs per-position draft weights (from position_weights); the engine passes them"
+                "DiversedRule needs per-position draft weights (from position_weights); the engine passes "
+                "them"
             )
         return super().target(p, q, weights)
 
@@ -134,7 +142,8 @@ def hidden_size(model: LoadedModel | Drafter) -> int:
     if isinstance(model, Drafter):
         if model.hidden_size is None:
             raise ValueError(
-                f"DIVERSED reads the drafter's hidden states, which drafter {model.name!r} does not have; use a "
+                f"DIVERSED reads the drafter's hidden states, which drafter {model.name!r} does not have; "
+                "use a "
                 "model drafter or an EAGLE-3 head"
             )
         return int(model.hidden_size)
@@ -147,7 +156,9 @@ def hidden_size(model: LoadedModel | Drafter) -> int:
     return int(size)
 
 
-def pair_metadata(verifier: LoadedModel, drafter: LoadedModel | Drafter, pool: str = "linear") -> dict[str, Any]:
+def pair_metadata(
+    verifier: LoadedModel, drafter: LoadedModel | Drafter, pool: str = "linear"
+) -> dict[str, Any]:
     """What identifies the pair a head is made for, as stored in its checkpoint."""
     return {
         "method": METHOD,
@@ -162,24 +173,30 @@ def pair_metadata(verifier: LoadedModel, drafter: LoadedModel | Drafter, pool: s
     }
 
 
-def check_pair(metadata: Mapping[str, Any], expected: Mapping[str, Any], source: str = "the head") -> None:
+def check_head_metadata(
+    metadata: Mapping[str, Any], expected: Mapping[str, Any], source: str = "the head"
+) -> None:
     """Raise :class:`CheckpointMismatchError` unless ``metadata`` was made for the pair of ``expected``."""
     if metadata.get("method") != METHOD:
         raise CheckpointMismatchError(
-            f"{source} is not a DIVERSED head (its metadata says method={metadata.get('method')!r}); pass the "
+            f"{source} is not a DIVERSED head (its metadata says method={metadata.get('method')!r}); pass "
+            "the "
             "trained.pt or last.ckpt that `task=train method=diversed` wrote"
         )
     if metadata.get(INPUT_FORMAT_KEY) != INPUT_FORMAT:
         raise CheckpointMismatchError(
-            f"{source} was trained on an older hidden-state input (format {metadata.get(INPUT_FORMAT_KEY)!r}; "
-            f"this specbench reads format {INPUT_FORMAT}: the LM head's input, normed once — heads written before "
+            f"{source} was trained on an older hidden-state input (format "
+            f"{metadata.get(INPUT_FORMAT_KEY)!r}; "
+            f"this specbench reads format {INPUT_FORMAT}: the LM head's input, normed once — heads written "
+            "before "
             "read the final norm applied twice); train the head again with `python launch.py task=train "
             "method=diversed`"
         )
     details = metadata_differences(metadata, expected, PAIR_KEYS)
     if details:
         raise CheckpointMismatchError(
-            f"{source} was trained for verifier {metadata.get('verifier')!r} + drafter {metadata.get('drafter')!r}, "
+            f"{source} was trained for verifier {metadata.get('verifier')!r} + drafter "
+            f"{metadata.get('drafter')!r}, "
             f"not for this pair, verifier {expected.get('verifier')!r} + drafter {expected.get('drafter')!r} "
             f"({details}); train a head for this pair with `python launch.py task=train "
             "method=diversed` and the same model/verifier and model/drafter, or pick the matching models"
@@ -221,13 +238,15 @@ def load_diversed_rule(
 
     state_dict, metadata = read_checkpoint(path)
     expected = pair_metadata(verifier, drafter, pool)
-    check_pair(metadata, expected, source=f"method.head_checkpoint {str(path)!r}")
+    check_head_metadata(metadata, expected, source=f"method.head_checkpoint {str(path)!r}")
     state = head_state(state_dict)
     head = WeightHead(metadata["drafter_hidden_size"], metadata["verifier_hidden_size"])
     if tuple(state["linear.weight"].shape) != tuple(head.linear.weight.shape):
         raise CheckpointMismatchError(
-            f"method.head_checkpoint {str(path)!r}: head weight of shape {tuple(state['linear.weight'].shape)}, "
-            f"expected {tuple(head.linear.weight.shape)} for hidden sizes {metadata['drafter_hidden_size']} + "
+            f"method.head_checkpoint {str(path)!r}: head weight of shape "
+            f"{tuple(state['linear.weight'].shape)}, "
+            f"expected {tuple(head.linear.weight.shape)} for hidden sizes {metadata['drafter_hidden_size']} "
+            "+ "
             f"{metadata['verifier_hidden_size']}"
         )
     head.load_state_dict({k: v.float() for k, v in state.items()})

@@ -67,7 +67,9 @@ class BatchState:
         gammas = torch.full((len(prompts),), gamma, dtype=torch.long)
         generated = torch.zeros(len(prompts), dtype=torch.long)
         eos = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
-        return cls(tokens.to(device), valid.to(device), gammas.to(device), generated.to(device), max_new, eos, pad_id)
+        return cls(
+            tokens.to(device), valid.to(device), gammas.to(device), generated.to(device), max_new, eos, pad_id
+        )
 
     @property
     def size(self) -> int:
@@ -116,7 +118,9 @@ class BatchState:
             torch.cat([self.tokens, block.to(self.tokens.device)], dim=1),
             torch.cat([self.token_valid, block_valid.to(self.tokens.device)], dim=1),
         )
-        self.generated = self.generated + torch.tensor([len(r) for r in new_rows], device=self.generated.device)
+        self.generated = self.generated + torch.tensor(
+            [len(r) for r in new_rows], device=self.generated.device
+        )
 
     def select(self, rows: torch.Tensor) -> None:
         self.tokens, self.token_valid = _right_align(self.tokens[rows], self.token_valid[rows])

@@ -89,34 +89,34 @@ class _Clock:
         return time.perf_counter()
 
 
-def as_drafter(drafter: Drafter | PreTrainedModel | None, vocab_size: int) -> Drafter | None:
-    """A :class:`Drafter` for ``drafter``: a transformers model becomes a :class:`ModelDrafter`."""
-    if drafter is None or isinstance(drafter, Drafter):
-        return drafter
-    from specbench.decoding.model_drafter import ModelDrafter
-
-    return ModelDrafter(drafter, vocab_size)
-
-
 def _lm_head_rows(model: PreTrainedModel) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
 
 
-def check_pair(verifier: PreTrainedModel, drafter: Drafter | PreTrainedModel | None, vocab_size: int | None) -> int:
+def check_drafter(drafter: object) -> Drafter | None:
+    """``drafter`` itself when it is a :class:`Drafter` (or None); a TypeError naming the wrapper otherwise."""
+    if drafter is None or isinstance(drafter, Drafter):
+        return drafter
+    raise TypeError(
+        f"the engine takes a Drafter (specbench.decoding.protocol) or None, not {type(drafter).__name__}; wrap "
+        "a transformers model in specbench.decoding.model_drafter.ModelDrafter(model, vocab_size), as "
+        "specbench.evaluation.build_engines does"
+    )
+
+
+def verified_vocab_size(verifier: PreTrainedModel, drafter: Drafter | None, vocab_size: int | None) -> int:
     """The vocabulary size p and q are compared over; raises ValueError for a drafter that does not fit."""
     verifier_rows = _lm_head_rows(verifier)
     vocab = int(vocab_size or verifier.config.vocab_size)
     if vocab > verifier_rows:
         raise ValueError(f"vocab_size={vocab} exceeds the verifier's LM head ({verifier_rows} rows)")
-    model = drafter if isinstance(drafter, PreTrainedModel) else getattr(drafter, "model", None)
-    if isinstance(model, PreTrainedModel):
-        drafter_rows = _lm_head_rows(model)
-        if drafter_rows < vocab or (vocab_size is None and drafter_rows != verifier_rows):
-            raise ValueError(
-                f"the drafter's LM head has {drafter_rows} rows and the verifier's {verifier_rows}: p and q must "
-                f"cover the same vocabulary; pass vocab_size=<the shared tokenizer's size> (see "
-                f"specbench.models.pair.shared_vocab_size) or use a drafter with the verifier's tokenizer"
-            )
+    drafter_rows = drafter.lm_head_rows if drafter is not None else None
+    if drafter_rows is not None and (drafter_rows < vocab or (vocab_size is None and drafter_rows != verifier_rows)):
+        raise ValueError(
+            f"the drafter's LM head has {drafter_rows} rows and the verifier's {verifier_rows}: p and q must "
+            f"cover the same vocabulary; pass vocab_size=<the shared tokenizer's size> (see "
+            f"specbench.models.pair.shared_vocab_size) or use a drafter with the verifier's tokenizer"
+        )
     return vocab
 
 
@@ -134,14 +134,15 @@ def emitted_log_likelihoods(
 class SpeculativeEngine:
     """Generate with a verifier, an optional drafter, a verification rule and a draft schedule.
 
-    ``drafter``: a :class:`~specbench.decoding.protocol.Drafter`, a transformers causal LM (wrapped in a
-    :class:`~specbench.decoding.model_drafter.ModelDrafter`), or None for autoregressive decoding.
+    ``drafter``: a :class:`~specbench.decoding.protocol.Drafter` (a transformers causal LM is wrapped in a
+    :class:`~specbench.decoding.model_drafter.ModelDrafter` where the pair is built), or None for
+    autoregressive decoding.
     """
 
     def __init__(
         self,
         verifier: PreTrainedModel,
-        drafter: Drafter | PreTrainedModel | None = None,
+        drafter: Drafter | None = None,
         rule: VerificationRule | None = None,
         schedule: DraftSchedule | None = None,
         settings: GenerationSettings | None = None,
@@ -149,9 +150,10 @@ class SpeculativeEngine:
         eos_token_ids: tuple[int, ...] | list[int] = (),
         pad_token_id: int = 0,
     ):
-        vocab_size = check_pair(verifier, drafter, vocab_size)
+        drafter = check_drafter(drafter)
+        vocab_size = verified_vocab_size(verifier, drafter, vocab_size)
         self.verifier = CachedModel(verifier, vocab_size)
-        self.drafter = as_drafter(drafter, vocab_size)
+        self.drafter = drafter
         self.rule = rule or VerificationRule()
         self._check_rule()
         self.schedule = schedule or DraftSchedule()

@@ -48,7 +48,9 @@ class FlyRule(VerificationRule):
     name = "fly"
     accepts_deterministic = True  # native acceptance is then p(x), vLLM's NO_DRAFT_PROBS path
 
-    def __init__(self, window_size: int | None = None, entropy_threshold: float = 0.3, entropy_top_k: int = 3):
+    def __init__(
+        self, window_size: int | None = None, entropy_threshold: float = 0.3, entropy_top_k: int = 3
+    ):
         if window_size is not None and (isinstance(window_size, bool) or int(window_size) != window_size
                                         or window_size < 1):
             raise ValueError(f"method.window_size must be an integer >= 1 or null (= min(6, drafts - 1)), "
@@ -72,7 +74,9 @@ class FlyRule(VerificationRule):
             return torch.full_like(draft_lens, self.window_size)
         return torch.clamp(torch.clamp(draft_lens - 1, max=DEFAULT_MAX_WINDOW), min=1)
 
-    def deferrable(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, greedy: bool) -> torch.Tensor:
+    def deferrable(
+        self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, greedy: bool
+    ) -> torch.Tensor:
         """(B, G) bool: the gate and the support conditions of each drafted position (window aside)."""
         gamma = drafts.shape[1]
         p_drafted = p[:, :gamma]
@@ -92,7 +96,8 @@ class FlyRule(VerificationRule):
         in_draft = positions < lens
         native = native & in_draft
         window = self.windows(draft_lens).to(native.device).unsqueeze(1)
-        # before[:, j] = number of natively accepted drafts among the first j; padded so i + 1 + W is in range.
+        # before[:, j] = number of natively accepted drafts among the first j; padded so i + 1 + W is in
+        # range.
         padded = torch.cat([native, torch.zeros(batch, gamma + 1, dtype=torch.bool, device=native.device)], 1)
         before = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=native.device),
                             padded.long().cumsum(1)], 1)
@@ -125,7 +130,9 @@ class FlyRule(VerificationRule):
             u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype)
             native = u < a
         ok = self.accept_mask(native, self.deferrable(p, q, drafts, greedy), lens)
-        accepted = ok.long().cumprod(1).sum(1) if gamma else torch.zeros(batch, dtype=torch.long, device=p.device)
+        accepted = (
+            ok.long().cumprod(1).sum(1) if gamma else torch.zeros(batch, dtype=torch.long, device=p.device)
+        )
 
         bonus_p = p[rows, lens]
         next_token = bonus_p.argmax(-1) if greedy else sample(bonus_p, generator)
@@ -133,12 +140,19 @@ class FlyRule(VerificationRule):
         if bool(rejected.any()):
             stop = torch.clamp(accepted, max=max(gamma - 1, 0))
             p_stop, q_stop = p[rows, stop][rejected], q[rows, stop][rejected]
-            correction = self.greedy_correction(p_stop, q_stop) if greedy else sample(self.residual(p_stop, q_stop),
-                                                                                      generator)
+            correction = (
+                self.greedy_correction(p_stop, q_stop)
+                if greedy
+                else sample(self.residual(p_stop, q_stop), generator)
+            )
             next_token = next_token.clone()
             next_token[rejected] = correction
         return Verdict(accepted=accepted, next_token=next_token)
 
     def describe(self) -> dict:
-        return {"rule": self.name, "window_size": self.window_size, "entropy_threshold": self.entropy_threshold,
-                "entropy_top_k": self.entropy_top_k}
+        return {
+            "rule": self.name,
+            "window_size": self.window_size,
+            "entropy_threshold": self.entropy_threshold,
+            "entropy_top_k": self.entropy_top_k,
+        }

@@ -2,8 +2,9 @@
 
 A :class:`~specbench.decoding.cost.CostProfile` is timed once, when the run starts. On a shared machine
 that minute's load can bend its shape: three profiles of the same pair on the same machine read v(2) =
-1.27, 1.00 and 1.19 (results/eagle3/20261202T163133-b69535a14d.json), and a schedule that trusted the high readings drafted
-too little. :class:`LearnedCosts` uses the profile only as a prior and learns from every round:
+1.27, 1.00 and 1.19 (results/eagle3/20261202T163133-b69535a14d.json), and a schedule that trusted the high
+readings drafted too little. :class:`LearnedCosts` uses the profile only as a prior and learns from every
+round:
 
 - ``T(n)``, the time of a round after its drafts exist (verification of ``n`` columns, the rule, and the
   bookkeeping and drafter commit that follow), per ``n``;
@@ -32,7 +33,9 @@ PRIOR_ROUNDS = 3.0  # the profile is worth this many rounds of each n
 class LearnedCosts:
     """Costs in units of one verifier step over one token: ``v(n)`` for ``n = 1..max_n`` and ``c``."""
 
-    def __init__(self, profile: CostProfile, max_n: int, decay: float = DECAY, prior_rounds: float = PRIOR_ROUNDS):
+    def __init__(
+        self, profile: CostProfile, max_n: int, decay: float = DECAY, prior_rounds: float = PRIOR_ROUNDS
+    ):
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
         if prior_rounds <= 0:
@@ -93,7 +96,9 @@ class LearnedCosts:
         """Estimated drafter ms per forward (shrunk to the profile's at the load scale, ``prior_rounds``
         forwards' worth)."""
         prior = self.prior_rounds
-        return (self._draft_ms_sum + prior * self._draft_ms_prior * self.load_scale) / (self._forwards_sum + prior)
+        return (self._draft_ms_sum + prior * self._draft_ms_prior * self.load_scale) / (
+            self._forwards_sum + prior
+        )
 
     def relative(self) -> tuple[list[float], float]:
         """(``v(n)`` for ``n = 1..max_n``, ``c``): the estimates relative to ``T(1)``."""

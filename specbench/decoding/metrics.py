@@ -35,7 +35,8 @@ def per_position_acceptance(results: Sequence[SampleResult]) -> list[float]:
 
 
 def per_position_draft_weight(results: Sequence[SampleResult]) -> list[float]:
-    """Mean draft weight of drafted position k = 1..max over the rounds that drafted it (learned ensembles)."""
+    """Mean draft weight of drafted position k = 1..max over the rounds that drafted it (learned
+    ensembles)."""
     sums: list[float] = []
     counts: list[int] = []
     for res in results:
@@ -90,9 +91,12 @@ def summarize(
         metrics["cost_ratio"] = cost_ratio
         metrics["predicted_speedup"] = predicted_speedup(metrics["acceptance_rate"], gamma, cost_ratio)
     if profile is not None and rounds:
-        metrics["predicted_speedup_profile"] = profile.predicted_speedup([(r.drafted, r.emitted) for r in rounds])
+        metrics["predicted_speedup_profile"] = profile.predicted_speedup(
+            [(r.drafted, r.emitted) for r in rounds]
+        )
     if rounds and all(r.verifier_logp is not None for r in rounds) and new_tokens:
-        # Quality with resolution for lossy rules: lossless ones keep E[verifier_logp] of autoregressive sampling.
+        # Quality with resolution for lossy rules: lossless ones keep E[verifier_logp] of autoregressive
+        # sampling.
         metrics["verifier_logp"] = sum(r.verifier_logp for r in rounds) / new_tokens
     weights = [r.mean_draft_weight for r in rounds if r.mean_draft_weight is not None]
     if weights:

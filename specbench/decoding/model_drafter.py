@@ -1,7 +1,7 @@
 """A transformers causal LM as a drafter (hub / local model, early exit), with its own KV cache.
 
-It lives with the engine, which makes one of any model passed as its drafter
-(:func:`~specbench.decoding.engine.as_drafter`).
+The engine takes only drafters; a model becomes one of these where its pair is built
+(:func:`specbench.evaluation.build_engines`, the trainers, the benchmarks).
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ class ModelDrafter(Drafter):
         self.model = model
         self._vocab_size = int(vocab_size or model.config.vocab_size)
         self.draft_vocab = draft_vocab
-        self._rows: dict[tuple[torch.device, torch.dtype], tuple[tuple, torch.Tensor, torch.Tensor | None]] = {}
+        self._rows: dict[
+            tuple[torch.device, torch.dtype], tuple[tuple, torch.Tensor, torch.Tensor | None]
+        ] = {}
         if draft_vocab is None:
             self.cached = CachedModel(model, self._vocab_size)
         else:
@@ -67,7 +69,13 @@ class ModelDrafter(Drafter):
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    def draft_rows(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @property
+    def lm_head_rows(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def draft_rows(
+        self, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The LM head's weight (and bias) rows of the draft vocabulary on ``device`` in ``dtype``, sliced
         once and cached (sliced again only if the LM head's weights were changed, e.g. by training)."""
         head = self.model.get_output_embeddings()
@@ -106,7 +114,9 @@ class ModelDrafter(Drafter):
         if context.shape[1]:
             self._forward(context, valid)
 
-    def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, output_hidden: bool = False) -> ForwardOutput:
+    def _forward(
+        self, tokens: torch.Tensor, valid: torch.Tensor, output_hidden: bool = False
+    ) -> ForwardOutput:
         """One forward of the drafter over new columns; subclasses wrap it (e.g. steering hooks)."""
         return self.cached.forward(tokens, valid, output_hidden=output_hidden)
 
@@ -158,7 +168,9 @@ class ModelDrafter(Drafter):
         if self.proposes_trees:
             # The cache holds the chain's drafts; a path that left the chain for a leaf keeps only the drafts
             # before it (for a chain the accepted drafts are exactly the leading cached ones).
-            keep = keep - torch.tensor(self._stale_drafts(state, accepted), dtype=torch.long, device=keep.device)
+            keep = keep - torch.tensor(
+                self._stale_drafts(state, accepted), dtype=torch.long, device=keep.device
+            )
         self.cached.keep(keep)
 
     def _stale_drafts(self, state: BatchState, accepted: torch.Tensor) -> list[int]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -146,6 +147,12 @@ class Drafter(ABC):
     def trimmed_by_schedule(self) -> bool:
         return self.deterministic
 
+    @property
+    def lm_head_rows(self) -> int | None:
+        """Rows of the drafter's own LM head, which the engine checks against the verifier's vocabulary
+        (None: it has none of its own, as lookup drafters and heads reading the verifier's)."""
+        return None
+
     def reset(self, batch_size: int) -> None:
         """Forget every row; a new batch of ``batch_size`` rows starts."""
 
@@ -177,6 +184,11 @@ class Drafter(ABC):
 
     def restore_memory(self, state: object) -> None:
         """Forget every request since :meth:`memory_state` returned ``state``."""
+
+    def save_memory(self) -> Path | None:
+        """After a run: write what the drafter remembers across requests where it was told to keep it (a
+        suffix drafter's ``cache_file``), and return that file; None when it keeps nothing."""
+        return None
 
     def describe(self) -> dict:
         """What identifies this drafter in metrics and run records."""

@@ -38,7 +38,9 @@ class VerificationRule:
     def target(self, p: torch.Tensor, q: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         return p
 
-    def acceptance(self, p: torch.Tensor, q: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    def acceptance(
+        self, p: torch.Tensor, q: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return _ratio_acceptance(self.target(p, q, weights), q)
 
     def residual(self, p: torch.Tensor, q: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -55,7 +57,9 @@ class VerificationRule:
     ) -> torch.Tensor:
         return self.target(p, q, weights).argmax(dim=-1)
 
-    def position_weights(self, drafter_hidden: torch.Tensor, verifier_hidden: torch.Tensor) -> torch.Tensor | None:
+    def position_weights(
+        self, drafter_hidden: torch.Tensor, verifier_hidden: torch.Tensor
+    ) -> torch.Tensor | None:
         """Per-position draft weights from hidden states; only learned rules implement it."""
         return None
 

@@ -22,7 +22,9 @@ class DraftSchedule:
     learn_costs: bool = SCHEDULE_DEFAULTS["learn_costs"]  # cost_aware only (CostAwareSchedule)
 
     def __post_init__(self):
-        check_schedule(self.name, self.gamma, self.max_gamma, self.confidence_threshold, learn_costs=self.learn_costs)
+        check_schedule(
+            self.name, self.gamma, self.max_gamma, self.confidence_threshold, learn_costs=self.learn_costs
+        )
 
     def initial_gamma(self) -> int:
         return self.max_gamma if self.name in ("dynamic", "cost_aware") else self.gamma

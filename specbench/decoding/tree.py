@@ -77,8 +77,8 @@ def top_leaves(logits: torch.Tensor, drafted: torch.Tensor, drafting: torch.Tens
 
 
 def chain_with_leaves(chain, lengths, leaves, pad_id: int, forwards: int, q: torch.Tensor | None = None):
-    """A tree :class:`~specbench.decoding.protocol.Proposal` from a drafted chain (B, D) of ``lengths`` (B,) and,
-    per depth ``i``, its leaves ``(ids, real)`` (B, k) from :func:`top_leaves`. Columns: the chain (draft
+    """A tree :class:`~specbench.decoding.protocol.Proposal` from a drafted chain (B, D) of ``lengths`` (B,)
+    and, per depth ``i``, its leaves ``(ids, real)`` (B, k) from :func:`top_leaves`. Columns: the chain (draft
     ``i`` under draft ``i − 1``), then each depth's leaves, siblings of chain draft ``i`` under the same
     parent (verifier column ``i``). ``q`` (B, D, V): the distributions the chain was drawn from; the leaves
     get zero rows (verified one-hot)."""
@@ -95,7 +95,11 @@ def chain_with_leaves(chain, lengths, leaves, pad_id: int, forwards: int, q: tor
     if q is not None:
         q = torch.cat([q, q.new_zeros(q.shape[0], parents.shape[1] - q.shape[1], q.shape[2])], dim=1)
     return Proposal(
-        tokens=torch.cat(tokens, dim=1), lengths=(parents >= 0).sum(dim=1), q=q, forwards=forwards, parents=parents
+        tokens=torch.cat(tokens, dim=1),
+        lengths=(parents >= 0).sum(dim=1),
+        q=q,
+        forwards=forwards,
+        parents=parents,
     )
 
 

@@ -16,7 +16,9 @@ class Verdict:
     next_token: torch.Tensor  # (B,) correction token (n < len) or bonus token (n == len)
 
 
-def one_hot_proposal(drafts: torch.Tensor, vocab_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def one_hot_proposal(
+    drafts: torch.Tensor, vocab_size: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """q of a deterministic proposal: (B, G, V) one-hot on each drafted token."""
     q = torch.zeros(*drafts.shape, vocab_size, dtype=dtype, device=drafts.device)
     return q.scatter_(-1, drafts.unsqueeze(-1), 1.0)

@@ -38,7 +38,9 @@ class FallbackDrafter(Drafter):
         name: str = "lookup+model",
     ):
         if not lookup.deterministic:
-            raise ValueError(f"the lookup drafter {lookup.name!r} must be deterministic (a model-free drafter)")
+            raise ValueError(
+                f"the lookup drafter {lookup.name!r} must be deterministic (a model-free drafter)"
+            )
         if min_lookup_tokens < 1 or model_gamma < 1:
             raise ValueError(
                 f"min_lookup_tokens and model_gamma must be >= 1, got {min_lookup_tokens} and {model_gamma}"
@@ -54,7 +56,8 @@ class FallbackDrafter(Drafter):
 
     @property
     def trimmed_by_schedule(self) -> bool:
-        """schedule=cost_aware trims its chains by match length (model rows: bucket 0); trees it cannot trim."""
+        """schedule=cost_aware trims its chains by match length (model rows: bucket 0); trees it cannot
+        trim."""
         return self.lookup.trimmed_by_schedule and not self.proposes_trees
 
     def memory_state(self) -> object:
@@ -86,16 +89,22 @@ class FallbackDrafter(Drafter):
             drafted = Proposal.empty(state.size, state.device)
         width = max(looked.tokens.shape[1], drafted.tokens.shape[1])
         tokens = torch.where(
-            use_lookup.unsqueeze(1), _pad(looked.tokens, width, state.pad_id), _pad(drafted.tokens, width, state.pad_id)
+            use_lookup.unsqueeze(1),
+            _pad(looked.tokens, width, state.pad_id),
+            _pad(drafted.tokens, width, state.pad_id),
         )
         lengths = torch.where(use_lookup, looked.lengths, drafted.lengths)
         if drafted.parents is not None:  # the model drafted trees: lookup rows become chains of that tree
             columns = torch.arange(width, device=tokens.device).unsqueeze(0)
-            chain = torch.where(columns < looked.lengths.unsqueeze(1), columns, torch.full_like(columns, NO_PARENT))
+            chain = torch.where(
+                columns < looked.lengths.unsqueeze(1), columns, torch.full_like(columns, NO_PARENT)
+            )
             model_parents = F.pad(drafted.parents, (0, width - drafted.parents.shape[1]), value=NO_PARENT)
             parents = torch.where(use_lookup.unsqueeze(1), chain, model_parents)
             q = None
-            if drafted.q is not None:  # the model rows' sampled chains keep their q; lookup rows are one-hot (zeros)
+            if (
+                drafted.q is not None
+            ):  # the model rows' sampled chains keep their q; lookup rows are one-hot (zeros)
                 model_q = F.pad(drafted.q, (0, 0, 0, width - drafted.q.shape[1]))
                 q = torch.where(use_lookup.view(-1, 1, 1), torch.zeros_like(model_q), model_q)
             return Proposal(tokens=tokens, lengths=lengths, q=q, forwards=drafted.forwards, parents=parents)
@@ -145,7 +154,7 @@ def suffix_then_eagle3(
     """``model/drafter=suffix-eagle3-smollm2``: the suffix drafter, and the EAGLE-3 head at ``path`` where the
     suffix drafter has fewer than ``min_lookup_tokens`` tokens to propose (a tree of ``tree_width`` tokens per
     depth when ``tree_width`` > 1)."""
-    from specbench.drafters.eagle3_format import eagle3_drafter
+    from specbench.drafters.eagle3.format import eagle3_drafter
     from specbench.drafters.suffix import SuffixDrafter
 
     return FallbackDrafter(

@@ -56,7 +56,9 @@ class SD2Drafter(ModelDrafter):
         finally:
             self._deltas = None
 
-    def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, output_hidden: bool = False) -> ForwardOutput:
+    def _forward(
+        self, tokens: torch.Tensor, valid: torch.Tensor, output_hidden: bool = False
+    ) -> ForwardOutput:
         with self.steering.steer(self._deltas):
             return super()._forward(tokens, valid, output_hidden)
 

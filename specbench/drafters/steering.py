@@ -39,15 +39,21 @@ class SteeringSpec:
     @classmethod
     def from_dict(cls, data: dict) -> SteeringSpec:
         return cls(
-            v_layers=tuple(data["v_layers"]), guide_method=data["guide_method"], d_layers=tuple(data["d_layers"]),
-            rank=data["rank"], verifier_hidden=data["verifier_hidden"], out_size=data["out_size"],
+            v_layers=tuple(data["v_layers"]),
+            guide_method=data["guide_method"],
+            d_layers=tuple(data["d_layers"]),
+            rank=data["rank"],
+            verifier_hidden=data["verifier_hidden"],
+            out_size=data["out_size"],
         )
 
 
 class SteeringHead(nn.Module):
     """Verifier features (..., n_features·H_V) → per-layer offsets (..., n_layers, out_size)."""
 
-    def __init__(self, verifier_hidden: int, num_features: int, num_layers: int, out_size: int, rank: int | None = None):
+    def __init__(
+        self, verifier_hidden: int, num_features: int, num_layers: int, out_size: int, rank: int | None = None
+    ):
         super().__init__()
         self.num_layers, self.out_size = num_layers, out_size
         self.fusion = nn.Linear(num_features * verifier_hidden, verifier_hidden)
@@ -102,7 +108,12 @@ def resolve_spec(
     """Check the steering settings against the two models and fill in sizes."""
     depth = verifier_depth(verifier)
     v_layers = tuple(int(i) for i in v_layers)
-    if len(v_layers) != 3 or list(v_layers) != sorted(set(v_layers)) or v_layers[0] < 0 or v_layers[-1] > depth:
+    if (
+        len(v_layers) != 3
+        or list(v_layers) != sorted(set(v_layers))
+        or v_layers[0] < 0
+        or v_layers[-1] > depth
+    ):
         raise ValueError(
             f"steering.v_layers must be three ascending indices into the verifier's hidden states "
             f"(0 = embeddings .. {depth} = last layer; the verifier has {depth} layers), got {list(v_layers)}"
@@ -117,12 +128,15 @@ def resolve_spec(
         bad = [i for i in d_layers if not 0 <= i < len(mlps)]
         if bad or not d_layers or len(set(d_layers)) != len(d_layers):
             raise ValueError(
-                f"steering.d_layers must be distinct drafter layer indices in [0, {len(mlps)}), got {list(d_layers)}"
+                f"steering.d_layers must be distinct drafter layer indices in [0, {len(mlps)}), got "
+                f"{list(d_layers)}"
             )
     if rank is not None and rank < 1:
         raise ValueError(f"steering.rank must be >= 1 or null, got {rank}")
     out_size = mlps[0].up_proj.out_features if guide_method == "merged" else drafter.config.hidden_size
-    return SteeringSpec(v_layers, guide_method, d_layers, rank, int(verifier.config.hidden_size), int(out_size))
+    return SteeringSpec(
+        v_layers, guide_method, d_layers, rank, int(verifier.config.hidden_size), int(out_size)
+    )
 
 
 def verifier_features(taps: Mapping[int, torch.Tensor], v_layers: Sequence[int]) -> torch.Tensor:
@@ -137,7 +151,9 @@ class SteeredDrafter(nn.Module):
     def __init__(self, drafter: PreTrainedModel, spec: SteeringSpec):
         super().__init__()
         self.spec = spec
-        self.head = SteeringHead(spec.verifier_hidden, len(spec.v_layers), len(spec.d_layers), spec.out_size, spec.rank)
+        self.head = SteeringHead(
+            spec.verifier_hidden, len(spec.v_layers), len(spec.d_layers), spec.out_size, spec.rank
+        )
         param = next(drafter.parameters())
         self.head.to(device=param.device, dtype=torch.float32)
         self._drafter = [drafter]  # not a submodule: the drafter's weights are not the head's

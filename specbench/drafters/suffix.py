@@ -21,7 +21,8 @@ Two interchangeable tree backends give the same drafts:
   local build, see docs/drafters-model-free.md);
 - ``python``: :class:`~specbench.drafters.suffix_tree.PySuffixTree`, written for specbench. It reproduces
   ArcticInference's counts, float32 scoring and its order among children of equal count (which decides
-  ties between candidates), so both backends propose the same tokens; a test checks this against the C++ tree wherever it is installed.
+  ties between candidates), so both backends propose the same tokens; a test checks this against the C++
+  tree wherever it is installed.
 
 ``backend="auto"`` takes ``arctic`` when it can be imported, else ``python``.
 """
@@ -250,6 +251,10 @@ class SuffixDrafter(Drafter):
                     self._global.remove(seq_id)
         self._responses = {seq_id: list(tokens) for seq_id, tokens in responses.items()}
         self._next_seq_id = next_seq_id
+
+    def save_memory(self) -> Path | None:
+        """The global tree written to ``cache_file`` unless there is none or it is read-only."""
+        return self.save_cache() if self.cache_file and self.update_cache_file else None
 
     def save_cache(self, path: str | Path | None = None) -> Path:
         """Write the global cache's outputs to a JSON file (``cache_file`` by default)."""

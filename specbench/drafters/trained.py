@@ -67,7 +67,9 @@ def trainable_drafter(
 
     lora = lora or LoraSettings()
     present = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules()} & set(LORA_TARGETS))
-    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=present, lora_dropout=0.0, bias="none")
+    config = LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, target_modules=present, lora_dropout=0.0, bias="none"
+    )
     model = inject_adapter_in_model(config, model)
     for name, param in model.named_parameters():
         param.requires_grad_("lora_" in name)
@@ -103,7 +105,9 @@ def pair_metadata(verifier: LoadedModel, drafter: LoadedModel, vocab_size: int) 
     }
 
 
-def check_pair(metadata: dict, verifier: LoadedModel, drafter: LoadedModel, path: str | Path, key: str) -> None:
+def check_trained_for_pair(
+    metadata: dict, verifier: LoadedModel, drafter: LoadedModel, path: str | Path, key: str
+) -> None:
     """Raise CheckpointMismatchError unless the checkpoint was made for this verifier/drafter pair."""
     now = {
         "verifier": verifier.name,
@@ -144,7 +148,7 @@ def load_trained_drafter(
             f"{key}={str(path)!r} is a method={metadata.get('method')!r} checkpoint, not method={method!r}; "
             f"evaluate it with method={metadata.get('method')}"
         )
-    check_pair(metadata, verifier, drafter, path, key)
+    check_trained_for_pair(metadata, verifier, drafter, path, key)
     lora = LoraSettings(**metadata["lora"]) if metadata.get("lora") else None
     model = trainable_drafter(drafter.model, verifier.model, metadata["finetune_drafter"], lora)
     steering = None
@@ -170,23 +174,35 @@ def trained_draft_vocab(
     from specbench.models.loading import pair_vocab_size
 
     where = f"{key}={str(path)!r}"
-    saved = saved_draft_vocab(metadata, pair_vocab_size(verifier, drafter), tokenizer_hash(verifier.tokenizer), where)
+    saved = saved_draft_vocab(
+        metadata, pair_vocab_size(verifier, drafter), tokenizer_hash(verifier.tokenizer), where
+    )
     configured = drafter.draft_vocab
     if configured is not None and configured != saved:
         raise CheckpointMismatchError(
             f"model.drafter.draft_vocab gives a draft vocabulary of {configured.size} tokens (fingerprint "
-            f"{configured.fingerprint()}), but {where} was trained over another one of {saved.size} (fingerprint "
-            f"{saved.fingerprint()}); drop model.drafter.draft_vocab / draft_vocab_size (the checkpoint's is used)"
+            f"{configured.fingerprint()}), but {where} was trained over another one of {saved.size} "
+            "(fingerprint "
+            f"{saved.fingerprint()}); drop model.drafter.draft_vocab / draft_vocab_size (the checkpoint's is "
+            "used)"
         )
     return saved
 
 
-def _load_state(state: dict[str, torch.Tensor], model: PreTrainedModel, steering: Any, path: str | Path) -> None:
-    drafter_state = {k.removeprefix(DRAFTER_PREFIX): v for k, v in state.items() if k.startswith(DRAFTER_PREFIX)}
-    steering_state = {k.removeprefix(STEERING_PREFIX): v for k, v in state.items() if k.startswith(STEERING_PREFIX)}
+def _load_state(
+    state: dict[str, torch.Tensor], model: PreTrainedModel, steering: Any, path: str | Path
+) -> None:
+    drafter_state = {
+        k.removeprefix(DRAFTER_PREFIX): v for k, v in state.items() if k.startswith(DRAFTER_PREFIX)
+    }
+    steering_state = {
+        k.removeprefix(STEERING_PREFIX): v for k, v in state.items() if k.startswith(STEERING_PREFIX)
+    }
     unknown = [k for k in state if not k.startswith((DRAFTER_PREFIX, STEERING_PREFIX))]
     if unknown or (steering_state and steering is None):
-        raise CheckpointMismatchError(f"checkpoint {str(path)!r} holds unexpected weights: {(unknown or list(steering_state))[:4]}")
+        raise CheckpointMismatchError(
+            f"checkpoint {str(path)!r} holds unexpected weights: {(unknown or list(steering_state))[:4]}"
+        )
     if drafter_state:
         result = model.load_state_dict(drafter_state, strict=False)
         if result.unexpected_keys:

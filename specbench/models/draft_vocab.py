@@ -207,7 +207,8 @@ def draft_vocab_for(
     else:
         if not 1 <= int(draft_vocab_size) <= vocab_size:
             raise ValueError(
-                f"{key} must be in [1, {vocab_size}] (the verifier vocabulary) or null (the full vocabulary), "
+                f"{key} must be in [1, {vocab_size}] (the verifier vocabulary) or null (the full "
+                "vocabulary), "
                 f"got {draft_vocab_size}"
             )
         vocab = DraftVocab.from_counts(counts, int(draft_vocab_size), vocab_size)
@@ -224,13 +225,16 @@ def vocab_metadata(vocab: DraftVocab) -> dict[str, Any]:
     }
 
 
-def saved_draft_vocab(metadata: Mapping[str, Any], vocab_size: int, tokenizer_hash: str, where: str) -> DraftVocab:
+def saved_draft_vocab(
+    metadata: Mapping[str, Any], vocab_size: int, tokenizer_hash: str, where: str
+) -> DraftVocab:
     """The draft vocabulary a checkpoint's metadata holds (``draft_vocab_ids``: an EAGLE-3 head of
     ``task=train method=eagle3``, a drafter trained over a draft vocabulary by ``method=distill|sd2``),
     refused when it was built for another tokenizer or vocabulary size."""
     if "draft_vocab_ids" not in metadata:
         raise ValueError(
-            f"{where} holds no draft vocabulary (no draft_vocab_ids; method={metadata.get('method')!r}): pass "
+            f"{where} holds no draft vocabulary (no draft_vocab_ids; method={metadata.get('method')!r}): "
+            "pass "
             "the trained.pt of `task=train method=eagle3` or a task=synth output dir"
         )
     saved = {"tokenizer_hash": metadata.get("tokenizer_hash"), "vocab_size": metadata.get("vocab_size")}
@@ -244,7 +248,9 @@ def saved_draft_vocab(metadata: Mapping[str, Any], vocab_size: int, tokenizer_ha
     vocab = DraftVocab(metadata["draft_vocab_ids"], vocab_size)
     fingerprint = metadata.get("draft_vocab_fingerprint")
     if fingerprint is not None and fingerprint != vocab.fingerprint():
-        raise ValueError(f"{where}: draft_vocab_ids do not match its draft_vocab_fingerprint (a corrupt file)")
+        raise ValueError(
+            f"{where}: draft_vocab_ids do not match its draft_vocab_fingerprint (a corrupt file)"
+        )
     return vocab
 
 

@@ -38,7 +38,8 @@ def early_exit_drafter(verifier: PreTrainedModel, num_layers: int) -> PreTrained
     verifier_base = getattr(verifier, prefix, None)
     if verifier_base is None or not isinstance(getattr(verifier_base, "layers", None), nn.ModuleList):
         raise TypeError(
-            f"early_exit_drafter needs a decoder-only model with `{prefix}.layers`; got {type(verifier).__name__}."
+            f"early_exit_drafter needs a decoder-only model with `{prefix}.layers`; got "
+            f"{type(verifier).__name__}."
         )
 
     config = _truncated_config(verifier.config, num_layers)

@@ -81,7 +81,8 @@ def _build(
     if spec.kind == "tiny_random":
         if placement.sharded:
             raise ValueError(
-                f"model/{role}: device_map / tp_plan load a checkpoint; kind='tiny_random' has none (save it with "
+                f"model/{role}: device_map / tp_plan load a checkpoint; kind='tiny_random' has none (save it "
+                "with "
                 "save_pretrained and use kind=local)"
             )
         model = tiny_random_model(
@@ -157,7 +158,10 @@ def drafter_vocab(spec: ModelSpec, verifier: LoadedModel, key: str = "model.draf
         raise ConfigError(message if message.startswith(key) else f"{key}.draft_vocab: {message}") from err
     coverage = info.get("draft_vocab_coverage")
     covered = f", {100 * coverage:.1f} % of its response tokens" if isinstance(coverage, float) else ""
-    print(f"draft vocabulary: {vocab.size} of {vocab_size} tokens from {spec.draft_vocab}{covered}", file=sys.stderr)
+    print(
+        f"draft vocabulary: {vocab.size} of {vocab_size} tokens from {spec.draft_vocab}{covered}",
+        file=sys.stderr,
+    )
     return vocab
 
 
@@ -176,7 +180,8 @@ def load_drafter(
     (a different explicit request is an error) and uses the verifier's tokenizer. ``placement``: the
     drafter's own device_map (default: what ``spec`` asks for); a drafter next to a sharded verifier takes
     its inputs on the verifier's first device. A model drafter with ``spec.draft_vocab_size`` /
-    ``spec.draft_vocab`` gets its reduced draft vocabulary (``LoadedModel.draft_vocab``, :func:`drafter_vocab`).
+    ``spec.draft_vocab`` gets its reduced draft vocabulary (``LoadedModel.draft_vocab``,
+    :func:`drafter_vocab`).
     """
     if spec.kind == "none":
         return None

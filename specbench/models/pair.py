@@ -19,8 +19,11 @@ class CheckpointMismatchError(ValueError):
 
 
 def metadata_differences(saved: Mapping[str, Any], now: Mapping[str, Any], keys: Iterable[str]) -> str:
-    """``"key: checkpoint A vs now B, ..."`` for the keys where a checkpoint's metadata differs; "" if none."""
-    return ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k))
+    """``"key: checkpoint A vs now B, ..."`` for the keys where a checkpoint's metadata differs; "" if
+    none."""
+    return ", ".join(
+        f"{k}: checkpoint {saved.get(k)!r} vs now {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)
+    )
 
 
 def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:

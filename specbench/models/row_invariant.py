@@ -88,7 +88,13 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, scaling=None, 
     # re-aligned or leave the batch) then never shifts where a row's keys sit in the products.
     first = allowed[:, 0].any(dim=1).int().argmax(dim=-1).tolist()
     outputs = [
-        _attend(query[b : b + 1], key[b : b + 1, :, s:], value[b : b + 1, :, s:], allowed[b : b + 1, ..., s:], scale)
+        _attend(
+            query[b : b + 1],
+            key[b : b + 1, :, s:],
+            value[b : b + 1, :, s:],
+            allowed[b : b + 1, ..., s:],
+            scale,
+        )
         for b, s in enumerate(first)
     ]
     return torch.cat(outputs).transpose(1, 2).contiguous(), None
@@ -118,7 +124,9 @@ def _attend(query, key, value, allowed, scale) -> torch.Tensor:
     # each chunk is one kernel block, its masked tail adds exact zeros, and the partials are added in order.
     summed = None
     for start in range(0, keys, KEY_CHUNK):
-        part = torch.matmul(weights[..., start : start + KEY_CHUNK], value_one[..., start : start + KEY_CHUNK, :])
+        part = torch.matmul(
+            weights[..., start : start + KEY_CHUNK], value_one[..., start : start + KEY_CHUNK, :]
+        )
         summed = part.float() if summed is None else summed.add_(part.float())
     width = value.shape[-1]  # may differ from the query / key width
     out = (summed[..., :width] / summed[..., width:].clamp(min=1e-30)).to(query.dtype)

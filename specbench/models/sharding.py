@@ -88,7 +88,9 @@ class Placement:
                     f"{key}.device_map puts modules on 'disk': set {key}.offload_folder to a local directory"
                 )
         elif self.device_map is not None:
-            raise PlacementError(f"{key}.device_map must be a strategy name or a mapping, got {self.device_map!r}")
+            raise PlacementError(
+                f"{key}.device_map must be a strategy name or a mapping, got {self.device_map!r}"
+            )
         if self.max_memory is not None:
             if not isinstance(self.device_map, str):
                 raise PlacementError(
@@ -103,10 +105,13 @@ class Placement:
             raise PlacementError(f"{key}.offload_folder is only used with {key}.device_map")
         if self.tp_plan is not None:
             if self.tp_plan not in TP_PLANS:
-                raise PlacementError(f"runtime.tp_plan={self.tp_plan!r}: expected null or one of {list(TP_PLANS)}")
+                raise PlacementError(
+                    f"runtime.tp_plan={self.tp_plan!r}: expected null or one of {list(TP_PLANS)}"
+                )
             if self.device_map is not None:
                 raise PlacementError(
-                    f"runtime.tp_plan={self.tp_plan!r} and {key}.device_map are exclusive: tensor parallel puts a "
+                    f"runtime.tp_plan={self.tp_plan!r} and {key}.device_map are exclusive: tensor parallel "
+                    "puts a "
                     f"slice of every layer on every rank; set {key}.device_map=null"
                 )
 
@@ -200,7 +205,8 @@ def check_distributed(tp_plan: str | None) -> None:
     if world()[2] < 2:
         raise PlacementError(
             f"runtime.tp_plan={tp_plan!r} splits the verifier over the processes of a torchrun job, but this "
-            "process runs alone (WORLD_SIZE unset or 1): start it as `torchrun --nproc_per_node=N launch.py ...`"
+            "process runs alone (WORLD_SIZE unset or 1): start it as `torchrun --nproc_per_node=N launch.py "
+            "...`"
         )
 
 
@@ -240,7 +246,8 @@ def check_placement(model: PreTrainedModel, role: str = "verifier") -> None:
         placed = getattr(model, "hf_device_map", None) or {}
         first = next(iter(placed), "the embedding")
         raise PlacementError(
-            f"model.{role}.device_map offloads {first!r} (on {placed.get(first, 'meta')!r}): the engine feeds "
+            f"model.{role}.device_map offloads {first!r} (on {placed.get(first, 'meta')!r}): the engine "
+            "feeds "
             f"token ids on the embedding's device, so keep the first modules on a GPU (cpu on a machine "
             f"without one), e.g. model.{role}.device_map=auto with a larger max_memory for GPU 0"
         )
@@ -250,14 +257,16 @@ def check_same_input_device(verifier: PreTrainedModel, drafter: PreTrainedModel)
     """A model drafter gets the engine's tensors as they are: its inputs must live where the verifier's do."""
     if input_device(verifier) != input_device(drafter):
         raise PlacementError(
-            f"the drafter takes inputs on {input_device(drafter)} but the verifier on {input_device(verifier)}: "
+            f"the drafter takes inputs on {input_device(drafter)} but the verifier on "
+            f"{input_device(verifier)}: "
             "put the drafter's first modules on the verifier's first device (model.drafter.device_map, "
             "or runtime.device)"
         )
 
 
 def ready(model: PreTrainedModel, role: str = "verifier") -> PreTrainedModel:
-    """A model the libraries placed: eval mode, frozen, checked (never moved: that would undo the placement)."""
+    """A model the libraries placed: eval mode, frozen, checked (never moved: that would undo the
+    placement)."""
     model.eval()
     model.requires_grad_(False)
     check_placement(model, role)

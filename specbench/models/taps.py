@@ -21,7 +21,9 @@ from torch import nn
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     layers = getattr(getattr(model, "base_model", model), "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise TypeError(f"cannot find the decoder layers of {type(model).__name__} (expected base_model.layers)")
+        raise TypeError(
+            f"cannot find the decoder layers of {type(model).__name__} (expected base_model.layers)"
+        )
     return layers
 
 
@@ -85,7 +87,9 @@ def record_states(model: nn.Module, taps: Sequence[int] = (), last: bool = False
                 module = final_norm(model) if i == top else layers[i]
                 handles.append(module.register_forward_pre_hook(keep(i), with_kwargs=True))
         if last:
-            handles.append(model.get_output_embeddings().register_forward_pre_hook(keep("last"), with_kwargs=True))
+            handles.append(
+                model.get_output_embeddings().register_forward_pre_hook(keep("last"), with_kwargs=True)
+            )
         yield recorder
     finally:
         for handle in handles:

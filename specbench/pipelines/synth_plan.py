@@ -1,5 +1,5 @@
-"""What a ``task=synth`` run is before it samples: its settings (``synth.*``), how its work splits into batches
-(job ids, per-batch seeds), and its identity, which decides whether an output dir resumes it."""
+"""What a ``task=synth`` run is before it samples: its settings (``synth.*``), how its work splits into
+batches (job ids, per-batch seeds), and its identity, which decides whether an output dir resumes it."""
 
 from __future__ import annotations
 

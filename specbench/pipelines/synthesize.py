@@ -176,8 +176,6 @@ def synthesize(
     rows already in the file (same settings, else SynthDataError) are kept and only missing prompts run.
     ``backend`` generates the responses (default: :class:`EngineBackend`, the verifier in this process).
     """
-    from tqdm.auto import tqdm
-
     from specbench.evaluation import eos_token_ids, pad_token_id, shard_indices
     from specbench.models.pair import tokenizer_hash
 
@@ -189,39 +187,16 @@ def synthesize(
     record_file = settings_path(out, settings.shard_id, settings.num_shards)
 
     selected = shard_indices(len(prompts), settings.num_shards, settings.shard_id)
-    encoded: dict[int, list[int]] = {}
-    formats: set[str] = set()
-    skipped: list[int] = []
-    for index in selected:
-        ids, used = encode_sample(tokenizer, prompts[index], prompt_format)
-        formats.add(used)
-        if 1 <= len(ids) <= settings.max_prompt_len:
-            encoded[index] = ids
-        else:
-            skipped.append(index)
+    encoded, formats, skipped = _encode_shard(
+        tokenizer, prompts, selected, settings.max_prompt_len, prompt_format
+    )
 
     responses = settings.responses_per_prompt
     jobs = {job_id(i, k, responses): (i, k) for i in encoded for k in range(responses)}
     done: dict[int, _Packed] = {}  # by job id
     if rows_file.exists() and resume:
         check_resumable(out, settings, identity)
-        for number, row in _iter_rows(rows_file, repair=True, target_len=settings.target_len):
-            index, response = row["source_index"], int(row.get("response_index", 0))
-            job = job_id(index, response, responses)
-            problem = None
-            if job in done:
-                problem = "is a duplicate"
-            elif index not in encoded or response >= responses:
-                problem = "is not a prompt of this shard"
-            elif row["input_ids"][: row["prompt_len"]] != encoded[index]:
-                problem = "has another prompt than this run encodes"
-            if problem:
-                raise SynthDataError(
-                    f"{rows_file}:{number}: the row of source_index {index} (response {response}) {problem}; pass "
-                    "synth.resume=false to start over (the old rows are kept aside) or choose another "
-                    "synth.output_dir"
-                )
-            done[job] = _Packed.of(row)
+        done = _resumed_rows(rows_file, encoded, responses, settings.target_len)
     elif rows_file.exists() or record_file.exists():
         for moved in _set_aside([rows_file, record_file]):
             print(f"synth.resume=false: kept the earlier file as {moved}", file=sys.stderr)
@@ -234,40 +209,8 @@ def synthesize(
     if done:
         missing = sum(i not in done for b in todo for i in b)
         print(f"resuming {rows_file}: {len(done)} rows done, {missing} to sample")
-    new_rows, new_tokens, wall = 0, 0, 0.0
-    bar = tqdm(
-        total=sum(i not in done for b in todo for i in b), desc="synth", unit="row", disable=not progress
-    )
-    with open(rows_file, "a", encoding="utf-8") as handle:
-        for batch in todo:
-            budgets = [settings.target_len - len(encoded[jobs[j][0]]) for j in batch]
-            if settings.max_new_tokens is not None:
-                budgets = [min(b, settings.max_new_tokens) for b in budgets]
-            outputs, seconds = backend.generate(
-                [encoded[jobs[j][0]] for j in batch], budgets, [batch_seed(settings.seed, j) for j in batch]
-            )
-            wall += seconds
-            written = []
-            for job, output_ids in zip(batch, outputs):
-                if job in done:
-                    continue  # a batch cut by a crash: its finished rows are kept as they were
-                index, response = jobs[job]
-                row = make_row(
-                    encoded[index], output_ids, settings.target_len, eos, index, prompts[index].id,
-                    response,
-                )
-                handle.write(json.dumps(row) + "\n")
-                done[job] = _Packed.of(row)
-                written.append(row)
-                new_tokens += len(row["input_ids"]) - row["prompt_len"]
-            handle.flush()
-            os.fsync(handle.fileno())
-            new_rows += len(written)
-            bar.update(len(written))
-            bar.set_postfix_str(f"{new_tokens / wall if wall > 0 else 0.0:.1f} tok/s")
-            if on_batch is not None:
-                on_batch([r["source_index"] for r in written], written)
-    bar.close()
+    sampled = _Sampling(backend, settings, prompts, encoded, jobs, eos, done)
+    sampled.run(todo, rows_file, on_batch, progress)
 
     rows = [done[i] for i in sorted(done)]
     metadata = _metadata(
@@ -278,7 +221,111 @@ def synthesize(
     metadata.update(dict(extra_metadata or {}))
     target = dataset_path(out, settings.shard_id, settings.num_shards)
     save_dataset(rows, metadata, target)
-    return SynthResult(target, metadata, new_rows=new_rows, new_generated_tokens=new_tokens, wall_time_s=wall)
+    return SynthResult(
+        target, metadata, new_rows=sampled.new_rows, new_generated_tokens=sampled.new_tokens,
+        wall_time_s=sampled.wall,
+    )  # fmt: skip
+
+
+def _encode_shard(
+    tokenizer, prompts: Sequence[Prompt], selected: Sequence[int], max_prompt_len: int, prompt_format: str
+) -> tuple[dict[int, list[int]], set[str], list[int]]:
+    """The shard's prompts encoded like eval does, by index; the formats used; the indices too long to
+    keep."""
+    encoded: dict[int, list[int]] = {}
+    formats: set[str] = set()
+    skipped: list[int] = []
+    for index in selected:
+        ids, used = encode_sample(tokenizer, prompts[index], prompt_format)
+        formats.add(used)
+        if 1 <= len(ids) <= max_prompt_len:
+            encoded[index] = ids
+        else:
+            skipped.append(index)
+    return encoded, formats, skipped
+
+
+def _resumed_rows(
+    rows_file: Path, encoded: dict[int, list[int]], responses: int, target_len: int
+) -> dict[int, _Packed]:
+    """The rows already in ``rows_file``, by job id; SynthDataError for one this run would not write."""
+    done: dict[int, _Packed] = {}
+    for number, row in _iter_rows(rows_file, repair=True, target_len=target_len):
+        index, response = row["source_index"], int(row.get("response_index", 0))
+        job = job_id(index, response, responses)
+        problem = None
+        if job in done:
+            problem = "is a duplicate"
+        elif index not in encoded or response >= responses:
+            problem = "is not a prompt of this shard"
+        elif row["input_ids"][: row["prompt_len"]] != encoded[index]:
+            problem = "has another prompt than this run encodes"
+        if problem:
+            raise SynthDataError(
+                f"{rows_file}:{number}: the row of source_index {index} (response {response}) {problem}; "
+                "pass "
+                "synth.resume=false to start over (the old rows are kept aside) or choose another "
+                "synth.output_dir"
+            )
+        done[job] = _Packed.of(row)
+    return done
+
+
+class _Sampling:
+    """Samples batches of jobs with ``backend`` and appends their rows to the rows file, adding them to
+    ``done``; counts the new rows, generated tokens and generation seconds."""
+
+    def __init__(
+        self, backend, settings: SynthSettings, prompts, encoded, jobs, eos, done: dict[int, _Packed]
+    ):
+        self.backend, self.settings, self.prompts, self.encoded = backend, settings, prompts, encoded
+        self.jobs, self.eos, self.done = jobs, eos, done
+        self.new_rows, self.new_tokens, self.wall = 0, 0, 0.0
+
+    def run(
+        self, todo: Sequence[Sequence[int]], rows_file: Path, on_batch: SynthCallback | None, progress: bool
+    ):
+        """Sample every batch of ``todo`` into ``rows_file`` (appended), with a progress bar."""
+        from tqdm.auto import tqdm
+
+        total = sum(i not in self.done for b in todo for i in b)
+        bar = tqdm(total=total, desc="synth", unit="row", disable=not progress)
+        with open(rows_file, "a", encoding="utf-8") as handle:
+            for batch in todo:
+                written = self.batch(batch, handle)
+                bar.update(len(written))
+                bar.set_postfix_str(f"{self.new_tokens / self.wall if self.wall > 0 else 0.0:.1f} tok/s")
+                if on_batch is not None:
+                    on_batch([r["source_index"] for r in written], written)
+        bar.close()
+
+    def batch(self, batch: Sequence[int], handle) -> list[dict]:
+        """Sample one batch of job ids, write its rows (flushed to disk) and return them."""
+        settings, encoded, jobs = self.settings, self.encoded, self.jobs
+        budgets = [settings.target_len - len(encoded[jobs[j][0]]) for j in batch]
+        if settings.max_new_tokens is not None:
+            budgets = [min(b, settings.max_new_tokens) for b in budgets]
+        outputs, seconds = self.backend.generate(
+            [encoded[jobs[j][0]] for j in batch], budgets, [batch_seed(settings.seed, j) for j in batch]
+        )
+        self.wall += seconds
+        written = []
+        for job, output_ids in zip(batch, outputs):
+            if job in self.done:
+                continue  # a batch cut by a crash: its finished rows are kept as they were
+            index, response = jobs[job]
+            row = make_row(
+                encoded[index], output_ids, settings.target_len, self.eos, index, self.prompts[index].id,
+                response,
+            )  # fmt: skip
+            handle.write(json.dumps(row) + "\n")
+            self.done[job] = _Packed.of(row)
+            written.append(row)
+            self.new_tokens += len(row["input_ids"]) - row["prompt_len"]
+        handle.flush()
+        os.fsync(handle.fileno())
+        self.new_rows += len(written)
+        return written
 
 
 def _metadata(

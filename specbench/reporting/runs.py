@@ -179,7 +179,9 @@ def last_sweep_run_id(client: Any, experiment_id: str, experiment: str) -> str:
         order_by=["attributes.start_time DESC"],
     )  # fmt: skip
     if not newest:
-        raise NoRunsError(f"task.parent_run_id=last: experiment {experiment!r} holds no sweep (a `-m` run) yet")
+        raise NoRunsError(
+            f"task.parent_run_id=last: experiment {experiment!r} holds no sweep (a `-m` run) yet"
+        )
     return newest[0].info.run_id
 
 

@@ -27,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     stale = [path for path, text in pages.items() if path.read_text(encoding="utf-8") != text]
     if args.action == "check":
         for path in stale:
-            print(f"{path.relative_to(ROOT)} is out of date: run python -m specbench.results render", file=sys.stderr)
+            print(
+                f"{path.relative_to(ROOT)} is out of date: run python -m specbench.results render",
+                file=sys.stderr,
+            )
         return 1 if stale else 0
     for path in stale:
         path.write_text(pages[path], encoding="utf-8")

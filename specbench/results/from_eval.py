@@ -30,7 +30,9 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ResultRecordError(f"{path}: not a finished eval run's file ({err}); pass a task=eval output dir") from err
+        raise ResultRecordError(
+            f"{path}: not a finished eval run's file ({err}); pass a task=eval output dir"
+        ) from err
 
 
 def _samples(path: Path) -> list[dict[str, Any]]:
@@ -43,14 +45,18 @@ def _samples(path: Path) -> list[dict[str, Any]]:
 def _overall_speedup(samples: list[dict[str, Any]]) -> float:
     """The eval's speedup over ``samples``: total tokens over total time, against the baseline's."""
     fast = sum(len(s["output_ids"]) for s in samples) / max(sum(s["wall_time_s"] for s in samples), 1e-9)
-    base = sum(s["baseline_new_tokens"] for s in samples) / max(sum(s["baseline_wall_time_s"] for s in samples), 1e-9)
+    base = sum(s["baseline_new_tokens"] for s in samples) / max(
+        sum(s["baseline_wall_time_s"] for s in samples), 1e-9
+    )
     return fast / max(base, 1e-9)
 
 
 def eval_rows(metrics: dict[str, Any], samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The method's row (speedup with the median per-prompt ratio and a bootstrap interval, τ, acceptance,
     tokens/s) and, when the baseline ran, the autoregressive row."""
-    setup = f"{metrics['method']} ({metrics['schedule']}, gamma={metrics['gamma']}), drafter {metrics['drafter']}"
+    setup = (
+        f"{metrics['method']} ({metrics['schedule']}, gamma={metrics['gamma']}), drafter {metrics['drafter']}"
+    )
     if metrics["method"] == "auto":
         setup = "autoregressive"
     figures: dict[str, Any] = {}
@@ -58,7 +64,9 @@ def eval_rows(metrics: dict[str, Any], samples: list[dict[str, Any]]) -> list[di
     if with_baseline and metrics["method"] != "auto":
         speedup = figure(metrics["speedup"], unit="x")
         if len(samples) >= 2:
-            speedup["median"] = sorted(s["tokens_per_s"] / s["baseline_tokens_per_s"] for s in samples)[len(samples) // 2]
+            speedup["median"] = sorted(s["tokens_per_s"] / s["baseline_tokens_per_s"] for s in samples)[
+                len(samples) // 2
+            ]
             speedup["interval"] = list(bootstrap_interval(samples, _overall_speedup))
         figures["speedup"] = speedup
     if metrics["method"] != "auto":
@@ -69,7 +77,9 @@ def eval_rows(metrics: dict[str, Any], samples: list[dict[str, Any]]) -> list[di
     rows = [{"setup": setup, "figures": figures, "identical_outputs": None if same is None else same == 1.0}]
     if with_baseline and metrics["method"] != "auto":
         base = figure(metrics["baseline_tokens_per_s"], [s["baseline_tokens_per_s"] for s in samples])
-        rows.insert(0, {"setup": "autoregressive", "figures": {"tokens_per_s": base}, "identical_outputs": True})
+        rows.insert(
+            0, {"setup": "autoregressive", "figures": {"tokens_per_s": base}, "identical_outputs": True}
+        )
     return rows
 
 
@@ -81,7 +91,9 @@ def record_from_eval(run_dir: str | Path, benchmark: str = "eval", headline: boo
     try:
         overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text(encoding="utf-8")) or []
     except (OSError, yaml.YAMLError) as err:
-        raise ResultRecordError(f"{run}/.hydra/overrides.yaml: unreadable ({err}); was this run made by launch.py?") from err
+        raise ResultRecordError(
+            f"{run}/.hydra/overrides.yaml: unreadable ({err}); was this run made by launch.py?"
+        ) from err
     rows = eval_rows(metrics, samples)
     if headline:
         rows[-1]["headline"] = True

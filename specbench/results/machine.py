@@ -23,7 +23,9 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def describe_machine(device: str = "cpu", dtype: str = "float32", threads: int | None = None) -> dict[str, Any]:
+def describe_machine(
+    device: str = "cpu", dtype: str = "float32", threads: int | None = None
+) -> dict[str, Any]:
     """The machine fields of a record; ``device`` / ``dtype`` as the benchmark ran them."""
     import torch
 
@@ -45,7 +47,9 @@ def git_commit(root: Path = ROOT) -> str:
     """HEAD's hash, with ``-dirty`` when tracked files differ from it (the figures then come from code that
     no commit holds); ``unknown`` outside a git checkout."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        )
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                 capture_output=True, text=True, check=True)  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
@@ -62,5 +66,7 @@ def this_command() -> str:
             argv[0] = str(script.relative_to(ROOT))
         except ValueError:
             pass
-    quoted = [arg if arg and all(c.isalnum() or c in "/._-=,:+@" for c in arg) else repr(arg) for arg in argv[1:]]
+    quoted = [
+        arg if arg and all(c.isalnum() or c in "/._-=,:+@" for c in arg) else repr(arg) for arg in argv[1:]
+    ]
     return " ".join(["python", argv[0], *quoted])

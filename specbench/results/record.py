@@ -154,7 +154,11 @@ def validate_record(record: Any, where: str = "result record") -> None:
     prompts = record["prompts"]
     if not isinstance(prompts, dict) or not isinstance(prompts.get("set"), str):
         _fail(where, "prompts must be an object with 'set' (a name) and 'count'")
-    if not isinstance(prompts.get("count"), int) or isinstance(prompts.get("count"), bool) or prompts["count"] < 1:
+    if (
+        not isinstance(prompts.get("count"), int)
+        or isinstance(prompts.get("count"), bool)
+        or prompts["count"] < 1
+    ):
         _fail(where, "prompts.count must be a positive integer")
     if not isinstance(record["rows"], list) or not record["rows"]:
         _fail(where, "rows must be a non-empty list")
@@ -218,7 +222,9 @@ def _when(record: dict[str, Any]) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-def latest_rows(records: Iterable[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
+def latest_rows(
+    records: Iterable[tuple[Path, dict[str, Any]]],
+) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
     """(path, record, row) for each (benchmark, setup): the row of its latest run, in first-seen order."""
     latest: dict[tuple[str, str], tuple[Path, dict[str, Any], dict[str, Any]]] = {}
     for path, record in records:

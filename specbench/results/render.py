@@ -132,13 +132,17 @@ def render_results_page(records: list[tuple[Path, dict[str, Any]]], base: Path |
             backfilled = " (backfilled)" if record.get("backfilled") else ""
             notes = f" {record['notes']}" if record.get("notes") else ""
             parts.append(
-                f"{number}. [{record['date'][:10]}]({_link(path, base)}){backfilled} `{record['commit'][:7]}`, "
-                f"{_machine(record)}, {prompts['count']} prompts ({prompts['set']}):{notes} `{record['command']}`"
+                f"{number}. [{record['date'][:10]}]({_link(path, base)}){backfilled} "
+                f"`{record['commit'][:7]}`, "
+                f"{_machine(record)}, {prompts['count']} prompts ({prompts['set']}):{notes} "
+                f"`{record['command']}`"
             )
         parts.append("")
     if retired:
-        why = ("Their scripts answered their question and were removed; the records keep the figures, and the "
-               "command runs at the record's commit.")
+        why = (
+            "Their scripts answered their question and were removed; the records keep the figures, and the "
+            "command runs at the record's commit."
+        )
         parts += ["### Retired studies", "", why, ""]
         for benchmark, runs in retired.items():
             links = ", ".join(f"[{path.stem[:8]}]({_link(path, base)})" for path in runs)
@@ -149,7 +153,9 @@ def render_results_page(records: list[tuple[Path, dict[str, Any]]], base: Path |
 def replace_block(text: str, body: str, where: Path) -> str:
     """``text`` with what lies between the markers replaced by ``body``."""
     if BEGIN not in text or END not in text:
-        raise ValueError(f"{where}: no results block; add the two lines\n{BEGIN}\n{END}\nwhere the table goes")
+        raise ValueError(
+            f"{where}: no results block; add the two lines\n{BEGIN}\n{END}\nwhere the table goes"
+        )
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
     return f"{head}{BEGIN}\n{body.rstrip()}\n{END}{tail}"

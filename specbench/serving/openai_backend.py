@@ -67,7 +67,8 @@ class ServerSettings:
             url = self.server_url or ""
             if not url.startswith(("http://", "https://")):
                 raise ValueError(
-                    f"synth.backend={self.backend} needs synth.server_url=http://HOST:PORT (the server's address), "
+                    f"synth.backend={self.backend} needs synth.server_url=http://HOST:PORT (the server's "
+                    "address), "
                     f"got {self.server_url!r}"
                 )
         if self.concurrency < 1:
@@ -140,13 +141,15 @@ class OpenAIBackend:
         if wanted is None:
             if len(listed) != 1:
                 raise SynthServerError(
-                    f"synth.server_url={self.server.server_url} serves {listed}: set synth.server_model to the one "
+                    f"synth.server_url={self.server.server_url} serves {listed}: set synth.server_model to "
+                    "the one "
                     "that is model.verifier"
                 )
             return listed[0]
         if wanted not in listed:
             raise SynthServerError(
-                f"synth.server_url={self.server.server_url} does not serve synth.server_model={wanted!r}; it serves "
+                f"synth.server_url={self.server.server_url} does not serve synth.server_model={wanted!r}; it "
+                "serves "
                 f"{listed}"
             )
         return wanted
@@ -157,7 +160,8 @@ class OpenAIBackend:
         if isinstance(err, (errors.APIConnectionError, errors.APITimeoutError)):
             return SynthServerError(
                 f"synth.server_url={url}: no answer while {doing} after {self.server.max_retries} retries "
-                f"({type(err).__name__}: {err}); start the server (e.g. `vllm serve MODEL --port PORT`), check "
+                f"({type(err).__name__}: {err}); start the server (e.g. `vllm serve MODEL --port PORT`), "
+                "check "
                 "the address, or raise synth.request_timeout_s"
             )
         if isinstance(err, errors.APIStatusError):
@@ -210,12 +214,15 @@ class OpenAIBackend:
         except Exception as err:
             raise self._failure(err, f"completing a prompt of {len(prompt)} tokens") from err
         if not response.choices:
-            raise SynthServerError(f"synth.server_url={self.server.server_url} returned no choice for a prompt")
+            raise SynthServerError(
+                f"synth.server_url={self.server.server_url} returned no choice for a prompt"
+            )
         choice = response.choices[0]
         ids = self._server_ids(choice) if exact else self._retokenized_ids(choice, response)
         if len(ids) > budget:
             raise SynthServerError(
-                f"synth.server_url={self.server.server_url} returned {len(ids)} tokens for max_tokens={budget}"
+                f"synth.server_url={self.server.server_url} returned {len(ids)} tokens for "
+                f"max_tokens={budget}"
             )
         return ids
 
@@ -226,14 +233,16 @@ class OpenAIBackend:
         url = self.server.server_url
         if tokens is None:
             raise SynthServerError(
-                f"synth.server_url={url} returned no tokens for logprobs=1 with return_tokens_as_token_ids: it "
+                f"synth.server_url={url} returned no tokens for logprobs=1 with return_tokens_as_token_ids: "
+                "it "
                 "cannot give exact token ids; use vLLM, or synth.token_ids=retokenize for a text-only server"
             )
         ids = []
         for token in tokens:
             if not (isinstance(token, str) and token.startswith(TOKEN_ID_PREFIX)):
                 raise SynthServerError(
-                    f"synth.server_url={url} returned the token {token!r}, not '{TOKEN_ID_PREFIX}N': it ignores "
+                    f"synth.server_url={url} returned the token {token!r}, not '{TOKEN_ID_PREFIX}N': it "
+                    "ignores "
                     "return_tokens_as_token_ids; use vLLM, or synth.token_ids=retokenize"
                 )
             ids.append(int(token[len(TOKEN_ID_PREFIX):]))
@@ -252,8 +261,10 @@ class OpenAIBackend:
         generated = getattr(getattr(response, "usage", None), "completion_tokens", None)
         if generated != len(ids):
             raise SynthServerError(
-                f"synth.token_ids=retokenize: the text from synth.server_url={self.server.server_url} re-tokenizes "
-                f"to {len(ids)} tokens but the server generated {generated}: these would not be the ids it sampled; "
+                f"synth.token_ids=retokenize: the text from synth.server_url={self.server.server_url} "
+                "re-tokenizes "
+                f"to {len(ids)} tokens but the server generated {generated}: these would not be the ids it "
+                "sampled; "
                 "use a server that returns token ids (vLLM) with synth.token_ids=server"
             )
         return ids
@@ -291,7 +302,9 @@ def verifier_without_weights(spec: ModelSpec, dtype: str = "auto") -> LoadedMode
     if spec.kind == "tiny_random":
         return load_verifier(spec, device="cpu", dtype="float32")
     if spec.kind not in ("hub", "local", "embedded"):
-        raise ValueError(f"model/verifier: kind={spec.kind!r} cannot be served; use a hub, local or embedded model")
+        raise ValueError(
+            f"model/verifier: kind={spec.kind!r} cannot be served; use a hub, local or embedded model"
+        )
     path = str(embedded_model_dir()) if spec.kind == "embedded" else os.path.expanduser(spec.path or "")
     revision = spec.revision if spec.kind == "hub" else None
     common = {"revision": revision, "trust_remote_code": spec.trust_remote_code}
@@ -310,7 +323,9 @@ def verifier_without_weights(spec: ModelSpec, dtype: str = "auto") -> LoadedMode
     return LoadedModel(model, tokenizer, spec, model_name(spec))
 
 
-def backend_for(server: ServerSettings, verifier: LoadedModel, sampling: SynthSettings) -> OpenAIBackend | None:
+def backend_for(
+    server: ServerSettings, verifier: LoadedModel, sampling: SynthSettings
+) -> OpenAIBackend | None:
     """The backend ``synthesize`` should use: None (its HF engine) for ``synth.backend=hf``."""
     if not server.remote:
         return None

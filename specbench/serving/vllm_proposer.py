@@ -102,21 +102,24 @@ def _env_kwargs() -> dict[str, Any]:
     try:
         kwargs = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{KWARGS_ENV} must be a JSON object of drafter arguments, got {text!r} ({err.msg})") from err
+        raise ValueError(
+            f"{KWARGS_ENV} must be a JSON object of drafter arguments, got {text!r} ({err.msg})"
+        ) from err
     if not isinstance(kwargs, dict):
         raise TypeError(f"{KWARGS_ENV} must be a JSON object of drafter arguments, got {text!r}")
     return kwargs
 
 
 def check_model_free(drafter: Drafter) -> None:
-    """Raise ValueError / TypeError unless ``drafter`` can run inside vLLM's proposer hook: deterministic, reading no
-    verifier output (vLLM hands a custom proposer tokens only), with per-row token histories."""
+    """Raise ValueError / TypeError unless ``drafter`` can run inside vLLM's proposer hook: deterministic,
+    reading no verifier output (vLLM hands a custom proposer tokens only), with per-row token histories."""
     name = getattr(drafter, "name", type(drafter).__name__)
     if not isinstance(drafter, Drafter):
         raise TypeError(f"{type(drafter).__name__} is not a specbench Drafter")
     if not drafter.deterministic or drafter.needs.any:
         raise ValueError(
-            f"drafter {name!r} needs the verifier's hidden states or its own distribution; vLLM's custom_class "
+            f"drafter {name!r} needs the verifier's hidden states or its own distribution; vLLM's "
+            "custom_class "
             "hook passes token ids only: serve a model drafter with vLLM's draft_model / eagle3 methods"
         )
     if not isinstance(getattr(drafter, "histories", None), RowHistories):
@@ -143,7 +146,9 @@ class DrafterProposer:
         self.eos_token_ids = _eos_ids(vllm_config.model_config)
         self.drafter = drafter if drafter is not None else self.build_drafter(spec, **_env_kwargs())
         check_model_free(self.drafter)
-        schedule = DraftSchedule(gamma=self.num_speculative_tokens, max_gamma=max(self.num_speculative_tokens, 32))
+        schedule = DraftSchedule(
+            gamma=self.num_speculative_tokens, max_gamma=max(self.num_speculative_tokens, 32)
+        )
         self._sampler = DraftSampler(Warping(), torch.Generator(), schedule)  # drafts are deterministic
         self._requests: list[_Request] = []  # in drafter row order
         self._rows: list[int] = []  # the vLLM row of each request at the last call
@@ -167,7 +172,9 @@ class DrafterProposer:
         """Drafts for every request of the batch (``[]`` where none): see the module docstring."""
         num_reqs = len(sampled_token_ids)
         lengths = np.asarray(num_tokens_no_spec)[:num_reqs].astype(np.int64)
-        tokens = token_ids_cpu.numpy() if isinstance(token_ids_cpu, torch.Tensor) else np.asarray(token_ids_cpu)
+        tokens = (
+            token_ids_cpu.numpy() if isinstance(token_ids_cpu, torch.Tensor) else np.asarray(token_ids_cpu)
+        )
         owner = self._match(num_reqs, lengths, tokens)  # vLLM row -> request index (after drops)
         fresh = [
             row for row in range(num_reqs)
@@ -202,7 +209,11 @@ class DrafterProposer:
         owner: dict[int, int] = {}
         unplaced = []
         for index, row in enumerate(self._rows):
-            if row < num_reqs and row not in owner and self._requests[index].continued_by(tokens[row], lengths[row]):
+            if (
+                row < num_reqs
+                and row not in owner
+                and self._requests[index].continued_by(tokens[row], lengths[row])
+            ):
                 owner[row] = index
             else:
                 unplaced.append(index)
@@ -221,7 +232,9 @@ class DrafterProposer:
         self._rows = sorted(owner, key=owner.__getitem__)
         return owner
 
-    def _add(self, rows: list[int], owner: dict[int, int], sampled, lengths: np.ndarray, tokens: np.ndarray) -> None:
+    def _add(
+        self, rows: list[int], owner: dict[int, int], sampled, lengths: np.ndarray, tokens: np.ndarray
+    ) -> None:
         """New drafter rows for requests first seen in ``rows``: fed the prompt (the row without this step's
         tokens), then, by the caller's commit, the rest."""
         held = list(self.drafter.histories.rows)
@@ -292,7 +305,8 @@ class SpecBenchPLDProposer(DrafterProposer):
 
 
 class NgramProposer(DrafterProposer):
-    """vLLM's n-gram rule (longest suffix match in [prompt_lookup_min, prompt_lookup_max]) as specbench has it."""
+    """vLLM's n-gram rule (longest suffix match in [prompt_lookup_min, prompt_lookup_max]) as specbench has
+    it."""
 
     def build_drafter(self, spec: Any, **kwargs: Any) -> Drafter:
         from specbench.drafters.ngram import NgramDrafter
@@ -305,7 +319,8 @@ class NgramProposer(DrafterProposer):
 
 
 class SuffixProposer(DrafterProposer):
-    """SuffixDecoding with vLLM's ``suffix_decoding_*`` settings; the global tree spans this process's requests."""
+    """SuffixDecoding with vLLM's ``suffix_decoding_*`` settings; the global tree spans this process's
+    requests."""
 
     def build_drafter(self, spec: Any, **kwargs: Any) -> Drafter:
         from specbench.drafters.suffix import SuffixDrafter

@@ -178,9 +178,9 @@ class EvalTask(Task):
                     on_batch=writer,
                 )
                 writer_rows = writer.rows
-        cache_file = getattr(engine.drafter, "cache_file", None)
-        if cache_file and getattr(engine.drafter, "update_cache_file", True):  # a suffix drafter's global tree
-            print(f"saved the drafter's cache: {engine.drafter.save_cache()}")
+        saved = engine.drafter.save_memory() if engine.drafter is not None else None
+        if saved is not None:  # a suffix drafter's global tree
+            print(f"saved the drafter's cache: {saved}")
         rows = done + writer_rows
         summary = summarize_samples(rows, greedy=engine.warping.greedy, autoregressive=drafter is None,
                                     profile=getattr(engine.schedule, "profile", None))  # fmt: skip

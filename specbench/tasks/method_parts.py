@@ -31,17 +31,23 @@ def load_method_parts(plan: RunPlan, verifier: LoadedModel, drafter: LoadedModel
     """
     try:
         if plan.method == "distill":
-            trained = load_trained_drafter(plan.checkpoint, verifier, drafter, "distill", "method.drafter_checkpoint")
+            trained = load_trained_drafter(
+                plan.checkpoint, verifier, drafter, "distill", "method.drafter_checkpoint"
+            )
             return MethodParts(trained.drafter, plan.rule)
         if plan.steering is not None:
             if plan.checkpoint:
-                trained = load_trained_drafter(plan.checkpoint, verifier, drafter, "sd2", "steering.checkpoint")
+                trained = load_trained_drafter(
+                    plan.checkpoint, verifier, drafter, "sd2", "steering.checkpoint"
+                )
                 return MethodParts(trained.drafter, plan.rule, trained.steering)
             _untrained("the SD² steering (W_s = 0: the pretrained drafter)", "steering.checkpoint")
             s = plan.steering
             d_layers = s["d_layers"] if s["d_layers"] == "all" else list(s["d_layers"])
             try:
-                spec = resolve_spec(verifier.model, drafter.model, s["v_layers"], s["guide_method"], d_layers, s["rank"])
+                spec = resolve_spec(
+                    verifier.model, drafter.model, s["v_layers"], s["guide_method"], d_layers, s["rank"]
+                )
             except ValueError as err:
                 raise ConfigError(str(err)) from err
             return MethodParts(drafter, plan.rule, SteeredDrafter(drafter.model, spec).eval())

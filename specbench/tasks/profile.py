@@ -52,19 +52,27 @@ class ProfileTask(Task):
         cfg, plan = self.cfg, self.plan
         if cfg.runtime.num_threads is not None:
             torch.set_num_threads(cfg.runtime.num_threads)
-        verifier = load_verifier(plan.verifier, plan.device, plan.dtype, placement=verifier_placement(cfg, plan))
+        verifier = load_verifier(
+            plan.verifier, plan.device, plan.dtype, placement=verifier_placement(cfg, plan)
+        )
         drafter = load_drafter(plan.drafter, verifier, plan.device, plan.dtype) if plan.drafter else None
         from specbench.decoding.schedules import DraftSchedule
         from specbench.evaluation import build_engines
 
         # The engine's own drafter object (model drafters wrapped, vocabulary shared) is what gets timed.
-        engine, _ = build_engines(verifier, drafter, plan.rule, DraftSchedule(), plan.settings, baseline=False)
+        engine, _ = build_engines(
+            verifier, drafter, plan.rule, DraftSchedule(), plan.settings, baseline=False
+        )
         max_n = cfg.profile.max_n or plan.schedule.max_gamma + 1
         profile = measure_profile(
             verifier, engine.drafter, engine.verifier.vocab_size, max_n, cfg.profile.context_len,
             cfg.profile.repeats,
         )  # fmt: skip
-        out = Path(cfg.profile.output).expanduser() if cfg.profile.output else output_dir(None, "profile.output")
+        out = (
+            Path(cfg.profile.output).expanduser()
+            if cfg.profile.output
+            else output_dir(None, "profile.output")
+        )
         path = profile.save(out if out.suffix == ".json" else out / PROFILE_FILE)
         print(profile.table())
         print(f"profile: {path}  (use it with schedule=cost_aware schedule.profile={path})")

@@ -85,7 +85,9 @@ class SynthTask(Task):
         if self.server.remote:  # a server generates: the tokenizer and config are enough here
             verifier = verifier_without_weights(plan.verifier)
         else:
-            verifier = load_verifier(plan.verifier, plan.device, plan.dtype, placement=verifier_placement(cfg, plan))
+            verifier = load_verifier(
+                plan.verifier, plan.device, plan.dtype, placement=verifier_placement(cfg, plan)
+            )
         backend = backend_for(self.server, verifier, settings)
         load_s = time.perf_counter() - started
         self.tracker.set_tags(

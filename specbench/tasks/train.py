@@ -73,7 +73,9 @@ class TrainTask(Task):
         if cfg.runtime.num_threads is not None:
             torch.set_num_threads(cfg.runtime.num_threads)
         L.seed_everything(cfg.train.seed, workers=True, verbose=False)
-        verifier = load_verifier(plan.verifier, plan.device, plan.dtype, placement=verifier_placement(cfg, plan))
+        verifier = load_verifier(
+            plan.verifier, plan.device, plan.dtype, placement=verifier_placement(cfg, plan)
+        )
         if plan.method in ("eagle3", "dflash"):  # built from the verifier (and the data), not loaded
             drafter = None
             vocab = shared_vocab_size(verifier.model, verifier.model, verifier.tokenizer, verifier.tokenizer)
@@ -160,7 +162,8 @@ TRAIN_ONLY = ("task", "train", "synth", "hydra", *CHECKPOINT_KEYS.values())
 
 def eval_command(cfg, method: str, checkpoint: Path) -> str:
     """``python launch.py <this run's overrides, less the training ones> <checkpoint key>=PATH``: the one
-    command that evaluates what this run trained (on the held-out part when it trained on ``subset=train``)."""
+    command that evaluates what this run trained (on the held-out part when it trained on
+    ``subset=train``)."""
     import shlex
 
     from hydra.core.hydra_config import HydraConfig

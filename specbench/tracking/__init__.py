@@ -1,7 +1,8 @@
 """MLflow tracking: one run per task, a parent run per multirun, SQLite by default.
 
 What a run is called and records (names, params, tags, run files) is :mod:`specbench.tracking.naming`;
-the run itself :mod:`specbench.tracking.run`. Importing this package does not import mlflow and touches no database; the Hydra callback lives in
+the run itself :mod:`specbench.tracking.run`. Importing this package does not import mlflow and touches no
+database; the Hydra callback lives in
 :mod:`specbench.tracking.callbacks` (``hydra.callbacks`` in ``conf/config.yaml``).
 """
 

@@ -33,11 +33,11 @@ from specbench.tracking.naming import (
     PARENT_TAG,
     name_head,
     override_key,
-    read_record,
+    read_run_file,
     run_name,
     swept_keys,
     task_kind,
-    write_record,
+    write_run_file,
 )
 
 UNFINISHED = ("FAILED", "KILLED", "RUNNING", "SCHEDULED")
@@ -119,7 +119,7 @@ class MlflowSweepCallback(Callback):
         )
         record_path = sweep_dir / PARENT_FILE
         close_orphaned_sweeps(client, [experiment_id])
-        run_id = self._reopen(client, read_record(record_path), uri)
+        run_id = self._reopen(client, read_run_file(record_path), uri)
         overrides = list(config.hydra.overrides.task)
         varying = swept_keys(overrides)
         in_config = OmegaConf.select(config, "hydra.sweeper.params", default=None)  # a grid set by a preset
@@ -142,7 +142,7 @@ class MlflowSweepCallback(Callback):
         tags.update({str(k): str(v) for k, v in (tracking.get("tags") or {}).items()})
         for key, value in tags.items():
             store.retry(client.set_tag, run_id, key, value[:8000])
-        write_record(record_path, uri, experiment_id, run_id, swept_keys=varying)
+        write_run_file(record_path, uri, experiment_id, run_id, swept_keys=varying)
         self.parent = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run_id}
         if not self._registered:
             atexit.register(self._end_if_open)

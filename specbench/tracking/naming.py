@@ -145,7 +145,8 @@ def name_head(cfg: Any, kind: str) -> str:
     return kind
 
 
-def read_record(path: Path) -> dict | None:
+def read_run_file(path: Path) -> dict | None:
+    """The MLflow run a run file (RUN_FILE / PARENT_FILE, :func:`write_run_file`) points to, or None."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -166,7 +167,8 @@ def swept_keys(overrides: Iterable[str]) -> list[str]:
     return [o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()]
 
 
-def write_record(path: Path, uri: str, experiment_id: str, run_id: str, **extra: Any) -> None:
+def write_run_file(path: Path, uri: str, experiment_id: str, run_id: str, **extra: Any) -> None:
+    """Point ``path`` (a run's RUN_FILE, a sweep's PARENT_FILE) at an MLflow run, atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run_id, **extra}
     tmp = path.with_name(path.name + ".tmp")

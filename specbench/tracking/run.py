@@ -33,10 +33,10 @@ from specbench.tracking.naming import (
     numeric_metrics,
     override_key,
     param_string,
-    read_record,
+    read_run_file,
     run_name,
     safe_name,
-    write_record,
+    write_run_file,
 )
 
 
@@ -213,7 +213,7 @@ def check_tracking(cfg: DictConfig) -> tuple[str, str]:
     per process; a ConfigError naming the setting if MLflow could not use it. No mlflow import."""
     hydra = _hydra()
     sweep_dir = _sweep_dir(hydra)
-    parent = read_record(sweep_dir / PARENT_FILE) if sweep_dir else None
+    parent = read_run_file(sweep_dir / PARENT_FILE) if sweep_dir else None
     tracking = cfg.get("tracking") or {}
     if parent:
         uri, key = parent["tracking_uri"], f"the tracking URI of the sweep ({sweep_dir / PARENT_FILE})"
@@ -257,7 +257,7 @@ def task_run(
     if overrides is None:
         overrides = list(hydra.overrides.task) if hydra is not None else []
     sweep_dir = _sweep_dir(hydra)
-    parent = read_record(sweep_dir / PARENT_FILE) if sweep_dir else None
+    parent = read_run_file(sweep_dir / PARENT_FILE) if sweep_dir else None
     uri, key = check_tracking(cfg)
     mlflow_client = store.client(uri, key)
     if parent:
@@ -268,7 +268,7 @@ def task_run(
 
     params = config_params(cfg, groups)
     record_path = Path(run_dir) / RUN_FILE if run_dir else None
-    run_id = _reopen(mlflow_client, read_record(record_path), uri, params) if record_path else None
+    run_id = _reopen(mlflow_client, read_run_file(record_path), uri, params) if record_path else None
     tags = describe_tags(cfg, kind, overrides, groups)
     if sweep_dir is not None:
         tags["specbench.sweep_dir"] = str(sweep_dir)
@@ -289,7 +289,7 @@ def task_run(
     tracker = Tracker(mlflow_client, uri, experiment_id, run_id)
     with ending(tracker):  # from here on, every way out ends the run
         if record_path is not None:
-            write_record(record_path, uri, experiment_id, run_id)
+            write_run_file(record_path, uri, experiment_id, run_id)
         tracker._existing_params = dict(store.retry(mlflow_client.get_run, run_id).data.params)
         tracker.set_tags(tags)
         tracker.log_params(params)

@@ -21,7 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 SACCT_WARNING = "Bypassing sacct error"
 OFF_NOTE = (
-    "note: SLURM job accounting is off on this cluster (sacct: {reason}); submitit follows the jobs through the "
+    "note: SLURM job accounting is off on this cluster (sacct: {reason}); submitit follows the jobs through "
+    "the "
     "result files they write instead"
 )
 FLAKY_NOTE = "note: a sacct poll failed ({message}); submitit goes on with the jobs' result files (said once)"
@@ -30,7 +31,9 @@ FLAKY_NOTE = "note: a sacct poll failed ({message}); submitit goes on with the j
 def accounting_problem(timeout_s: float = 10.0) -> str | None:
     """Why ``sacct`` cannot answer on this machine (None: it can)."""
     try:
-        proc = subprocess.run(["sacct", "-n", "-j", "0"], capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            ["sacct", "-n", "-j", "0"], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
         return str(err)
     if proc.returncode == 0:
@@ -51,7 +54,9 @@ class SacctOnce(logging.Filter):
             return True
         if not self.said:
             self.said = True
-            print(FLAKY_NOTE.format(message=message.split(SACCT_WARNING, 1)[-1].strip(" ,.")), file=sys.stderr)
+            print(
+                FLAKY_NOTE.format(message=message.split(SACCT_WARNING, 1)[-1].strip(" ,.")), file=sys.stderr
+            )
         return False
 
 

@@ -86,7 +86,9 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
-def _recording(previous: Callable[[int, FrameType | None], object]) -> Callable[[int, FrameType | None], None]:
+def _recording(
+    previous: Callable[[int, FrameType | None], object],
+) -> Callable[[int, FrameType | None], None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         if not _received:
             _received.append(signum)

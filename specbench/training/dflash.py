@@ -33,15 +33,10 @@ from specbench.models.draft_vocab import DraftVocab, draft_vocab_for, vocab_meta
 from specbench.training.batches import predict_positions, verifier_batch
 from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
 from specbench.training.synth_data import SyntheticDataModule
-from specbench.training.trainer import VerifierTraining
-from specbench.training.validation import greedy_tau
+from specbench.training.trainer import VerifierTraining, train_option
+from specbench.training.validation import speculative_tau
 
 METHOD = "dflash"
-
-
-def option(node: Any, key: str, default: Any) -> Any:
-    value = getattr(node, key, None) if not isinstance(node, dict) else node.get(key)
-    return default if value is None else value
 
 
 # --- blocks and their loss ------------------------------------------------------------------------------
@@ -146,11 +141,15 @@ def block_loss(
 def vocab_logits(lm_head: torch.nn.Module, hidden: torch.Tensor, vocab: DraftVocab) -> torch.Tensor:
     """float32 logits over ``vocab`` (draft ids) from the verifier's LM head rows of its tokens."""
     weight = lm_head.weight
-    rows = weight[: vocab.vocab_size] if vocab.is_full else weight.index_select(0, vocab.draft_ids.to(weight.device))
+    rows = (
+        weight[: vocab.vocab_size]
+        if vocab.is_full
+        else weight.index_select(0, vocab.draft_ids.to(weight.device))
+    )
     return F.linear(hidden.to(weight.dtype), rows).float()
 
 
-def tau_estimate(leading: float, blocks: float) -> float:
+def block_tau_estimate(leading: float, blocks: float) -> float:
     return 1.0 + leading / max(blocks, 1.0)
 
 
@@ -177,8 +176,8 @@ class DFlashTraining(VerifierTraining):
         self.vocab = vocab
         self.vocab_size = vocab.vocab_size
         self.width = draft.config.block_size
-        self.anchors = int(option(train, "dflash_anchors", 32))
-        self.gamma = option(train, "dflash_loss_gamma", None)
+        self.anchors = int(train_option(train, "dflash_anchors", 32))
+        self.gamma = train_option(train, "dflash_loss_gamma", None)
         self.taps = tuple(i + 1 for i in draft.config.target_layer_ids)  # specbench taps, in the fc's order
         self._val_sums: torch.Tensor | None = None
 
@@ -196,7 +195,9 @@ class DFlashTraining(VerifierTraining):
         out = self._loss(batch, self.step_generator())
         size = batch["input_ids"].shape[0]
         self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
-        self.log("train/acc", out["correct"].sum().float() / out["scored"].sum().clamp(min=1), batch_size=size)
+        self.log(
+            "train/acc", out["correct"].sum().float() / out["scored"].sum().clamp(min=1), batch_size=size
+        )
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], batch_size=size)
         return out["loss"]
 
@@ -218,20 +219,11 @@ class DFlashTraining(VerifierTraining):
         slots = self.width - 1
         for k in range(slots):
             self.log(f"val/acc_pos{k + 1}", sums[k] / max(sums[slots + k], 1.0), rank_zero_only=True)
-        self.log("val/tau_estimate", tau_estimate(sums[-2], sums[-1]), rank_zero_only=True)
+        self.log("val/tau_estimate", block_tau_estimate(sums[-2], sums[-1]), rank_zero_only=True)
         if self.val_prompts:
-            self.log("val/tau", self.speculative_tau(), rank_zero_only=True)
-
-    def speculative_tau(self) -> float:
-        was_training = self.draft.training
-        try:
             drafter = DFlashDrafter(self.draft, self.verifier, self.vocab_size, draft_vocab=self.vocab)
-            return greedy_tau(
-                self.verifier, drafter, self.val_prompts, self.width - 1, self.vocab_size, self.eos_token_ids,
-                self.pad_token_id,
-            )  # fmt: skip
-        finally:
-            self.draft.train(was_training)
+            tau = speculative_tau(self, self.draft, drafter, self.width - 1, self.vocab_size)
+            self.log("val/tau", tau, rank_zero_only=True)
 
 
 # --- building it from the config ------------------------------------------------------------------------
@@ -243,23 +235,28 @@ def draft_config(verifier: torch.nn.Module, train: Any) -> DFlashConfig:
     mask ``train.dflash_mask_token_id`` (null: a learned mask embedding). Bad values raise ValueError."""
     config = verifier.config
     depth = int(config.num_hidden_layers)
-    layers = int(option(train, "dflash_layers", 1))
+    layers = int(train_option(train, "dflash_layers", 1))
     if layers < 1:
         raise ValueError(f"train.dflash_layers must be >= 1, got {layers}")
-    ids = option(train, "dflash_taps", None)
+    ids = train_option(train, "dflash_taps", None)
     ids = tuple(int(i) for i in ids) if ids else default_target_layer_ids(depth, layers)
     if not ids or min(ids) < 0 or max(ids) >= depth - 1:
         raise ValueError(
-            f"train.dflash_taps={list(ids)}: give verifier layer ids in 0..{depth - 2} (z-lab's target_layer_ids: "
+            f"train.dflash_taps={list(ids)}: give verifier layer ids in 0..{depth - 2} (z-lab's "
+            "target_layer_ids: "
             f"the output of that layer); the last layer ({depth - 1}) is not supported for training"
         )
-    block = int(option(train, "dflash_block_size", 16))
+    block = int(train_option(train, "dflash_block_size", 16))
     if block < 2:
-        raise ValueError(f"train.dflash_block_size must be >= 2 (the last token and a mask slot), got {block}")
+        raise ValueError(
+            f"train.dflash_block_size must be >= 2 (the last token and a mask slot), got {block}"
+        )
     rows = int(verifier.get_input_embeddings().weight.shape[0])
-    mask = option(train, "dflash_mask_token_id", None)
+    mask = train_option(train, "dflash_mask_token_id", None)
     if mask is not None and not 0 <= int(mask) < rows:
-        raise ValueError(f"train.dflash_mask_token_id={mask} is not a row of the verifier's embedding (0..{rows - 1})")
+        raise ValueError(
+            f"train.dflash_mask_token_id={mask} is not a row of the verifier's embedding (0..{rows - 1})"
+        )
     heads = int(config.num_attention_heads)
     return DFlashConfig(
         hidden_size=int(config.hidden_size),
@@ -292,7 +289,8 @@ def init_from_verifier(draft: DFlashDraftModel, verifier: torch.nn.Module) -> No
         extra = [k for k in result.missing_keys if not k.endswith(("q_norm.weight", "k_norm.weight"))]
         if extra or result.unexpected_keys:
             raise ValueError(
-                f"train.init_layer=verifier_last: verifier layer {len(layers) - n + i} does not match a DFlash layer "
+                f"train.init_layer=verifier_last: verifier layer {len(layers) - n + i} does not match a "
+                "DFlash layer "
                 f"(missing {extra[:3]}, unexpected {result.unexpected_keys[:3]}); use train.init_layer=random"
             )
     draft.norm.weight.copy_(verifier.base_model.norm.weight)
@@ -303,7 +301,7 @@ def build_dflash_training(
 ) -> tuple[DFlashTraining, SyntheticDataModule]:
     """The LightningModule and DataModule of ``task=train method=dflash`` (``verifier`` a LoadedModel)."""
     from specbench.data.synth_dataset import load_synthetic
-    from specbench.drafters.eagle3_checkpoint import verifier_identity
+    from specbench.drafters.eagle3.checkpoint import verifier_identity
     from specbench.models.pair import tokenizer_hash
     from specbench.training.drafter import check_synthetic_source
 
@@ -312,10 +310,13 @@ def build_dflash_training(
     check_synthetic_source(data_meta, verifier.name, tokenizer_hash(verifier.tokenizer), train.data)
     config = draft_config(verifier.model, train)
     vocab, coverage = draft_vocab_for(
-        data, option(train, "dflash_draft_vocab_size", None), vocab_size, "train.dflash_draft_vocab_size"
+        data,
+        train_option(train, "dflash_draft_vocab_size", None),
+        vocab_size,
+        "train.dflash_draft_vocab_size",
     )
     draft = DFlashDraftModel(config).float()
-    init_layer = option(train, "init_layer", "random")
+    init_layer = train_option(train, "init_layer", "random")
     if init_layer == "verifier_last":
         init_from_verifier(draft, verifier.model)
     elif init_layer != "random":
@@ -324,7 +325,7 @@ def build_dflash_training(
         draft.mask_embedding.data.copy_(verifier.model.get_input_embeddings().weight.float().mean(dim=0))
     draft.train()
     taps = tuple(i + 1 for i in config.target_layer_ids)
-    cache_dir = option(train, "feature_cache", None)
+    cache_dir = train_option(train, "feature_cache", None)
     cache = None
     if cache_dir:
         open_feature_cache(cache_dir, cache_identity(verifier, data, taps, None))  # refuse a mismatch now
@@ -332,10 +333,10 @@ def build_dflash_training(
         def cache() -> FeatureCache:
             return build_feature_cache(
                 cache_dir, verifier, data, taps, None, pad_id,
-                batch_size=int(option(train, "feature_batch_size", 8)), read=taps,
+                batch_size=int(train_option(train, "feature_batch_size", 8)), read=taps,
             )  # fmt: skip
 
-    gamma = option(train, "dflash_loss_gamma", None)
+    gamma = train_option(train, "dflash_loss_gamma", None)
     if gamma is not None and (not math.isfinite(float(gamma)) or float(gamma) <= 0):
         raise ValueError(f"train.dflash_loss_gamma must be > 0 or null (no decay), got {gamma}")
     metadata = {
@@ -346,14 +347,14 @@ def build_dflash_training(
         **(vocab_metadata(vocab) if not vocab.is_full else {}),
         "draft_vocab_coverage": round(coverage, 6),
         "draft_parameters": sum(p.numel() for p in draft.parameters()),
-        "dflash_anchors": int(option(train, "dflash_anchors", 32)),
+        "dflash_anchors": int(train_option(train, "dflash_anchors", 32)),
         "dflash_loss_gamma": gamma,
         "init_layer": init_layer,
         "feature_cache": str(Path(cache_dir).expanduser()) if cache_dir else None,
         "data": str(train.data),
         "data_rows": {split: len(data[split]) for split in data},
     }
-    count = min(int(option(train, "val_prompts", 0)), len(data["validation"]))
+    count = min(int(train_option(train, "val_prompts", 0)), len(data["validation"]))
     val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(count))]
     module = DFlashTraining(verifier.model, draft, train, vocab, metadata, val_prompts, eos_ids, pad_id)
     datamodule = SyntheticDataModule(data, train.batch_size, pad_id, train.seed, train.num_workers, cache)

@@ -27,7 +27,8 @@ from specbench.data.dataset_config import dataset_settings
 from specbench.data.prompts import Prompt
 from specbench.decoding.cache import CachedModel
 from specbench.decoding.diversed import DiversedRule, WeightHead, hidden_size, pair_metadata
-from specbench.decoding.engine import GenerationSettings, as_drafter
+from specbench.decoding.engine import GenerationSettings
+from specbench.decoding.model_drafter import ModelDrafter
 from specbench.decoding.protocol import Drafter
 from specbench.decoding.rules import EnsembleRule
 from specbench.decoding.schedules import DraftSchedule
@@ -81,9 +82,13 @@ class DiversedSettings:
         if self.pool not in EnsembleRule.POOLS:
             raise ValueError(f"method.pool: unknown pool {self.pool!r}; allowed: {list(EnsembleRule.POOLS)}")
         if self.regularizer not in REGULARIZERS:
-            raise ValueError(f"train.regularizer: unknown {self.regularizer!r}; allowed: {list(REGULARIZERS)}")
+            raise ValueError(
+                f"train.regularizer: unknown {self.regularizer!r}; allowed: {list(REGULARIZERS)}"
+            )
         if self.rollout_temperature < 0:
-            raise ValueError(f"train.rollout_temperature must be >= 0 (0 = greedy), got {self.rollout_temperature}")
+            raise ValueError(
+                f"train.rollout_temperature must be >= 0 (0 = greedy), got {self.rollout_temperature}"
+            )
         if self.rollouts_per_prompt < 1:
             raise ValueError(f"train.rollouts_per_prompt must be >= 1, got {self.rollouts_per_prompt}")
         if not 0.0 <= self.baseline_ema < 1.0:
@@ -171,7 +176,7 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
             drafter = self.drafter
             self._cached = (
                 CachedModel(self.verifier.model, self.vocab_size),
-                as_drafter(drafter if isinstance(drafter, Drafter) else drafter.model, self.vocab_size),
+                drafter if isinstance(drafter, Drafter) else ModelDrafter(drafter.model, self.vocab_size),
             )
         return self._cached
 
@@ -222,7 +227,9 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
 
-    def compute_loss(self, items: Sequence[dict], generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    def compute_loss(
+        self, items: Sequence[dict], generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, dict]:
         """Rollouts of ``items`` (each repeated ``rollouts_per_prompt`` times), rewards, loss and logs.
 
         Updates the EMA baseline after computing the advantages with the previous one.
@@ -242,9 +249,18 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         else:
             pg_loss, advantages = reinforce_loss(result.log_probs, result.mask, reward_tensor, baseline)
         pg_loss = s.reward_weight * pg_loss
-        reg_loss = regularizer_loss(
-            s.regularizer, s.regularizer_weight, result.agreement, result.weights, result.mask, s.target_weight
-        ) if s.reward != "per_token_gate" else torch.zeros((), device=pg_loss.device)  # λ sets the gate instead
+        reg_loss = (
+            regularizer_loss(
+                s.regularizer,
+                s.regularizer_weight,
+                result.agreement,
+                result.weights,
+                result.mask,
+                s.target_weight,
+            )
+            if s.reward != "per_token_gate"
+            else torch.zeros((), device=pg_loss.device)
+        )  # λ sets the gate instead
         self.baseline = update_baseline(self.baseline, rewards, s.baseline_ema)
         mask = result.mask
         logs = {
@@ -262,7 +278,8 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         return pg_loss + reg_loss, logs
 
     def rewards_of(self, result: Rollout, items: Sequence[dict]) -> list[float]:
-        """Per-rollout rewards: the dataset's scorer on the decoded texts, or the verifier's log-likelihood."""
+        """Per-rollout rewards: the dataset's scorer on the decoded texts, or the verifier's
+        log-likelihood."""
         if self.settings.reward != "task":
             return result.mean_verifier_log_prob()
         return self.reward(self.decode(result.outputs()), items)
@@ -274,7 +291,9 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         optimizer.zero_grad()
         self.manual_backward(loss)
         if self.settings.grad_clip > 0:
-            self.clip_gradients(optimizer, gradient_clip_val=self.settings.grad_clip, gradient_clip_algorithm="norm")
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.settings.grad_clip, gradient_clip_algorithm="norm"
+            )
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
@@ -344,7 +363,9 @@ def build_diversed_training(
     validation (reward and acceptance of speculative decoding with the current head).
     """
     if drafter is None:
-        raise ValueError("method=diversed trains a head over a verifier/drafter pair: model.drafter is 'none'")
+        raise ValueError(
+            "method=diversed trains a head over a verifier/drafter pair: model.drafter is 'none'"
+        )
     settings = DiversedSettings.from_config(cfg)
     reward = reward_spec(cfg) if settings.reward == "task" else None
     if settings.rollout_temperature == 0:

@@ -34,7 +34,8 @@ def regularizer_loss(
     kind: str, strength: float, agreement: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor,
     target_weight: float = 0.5,
 ) -> torch.Tensor:
-    """``tv``: −λ · mean_t(1 − TV(q_t, π_t)) (minimising it raises acceptance); ``l2``: λ·(mean w − target)²."""
+    """``tv``: −λ · mean_t(1 − TV(q_t, π_t)) (minimising it raises acceptance); ``l2``: λ·(mean w −
+    target)²."""
     if kind == "tv":
         return -strength * masked_mean(agreement, mask)
     if kind == "l2":
@@ -49,10 +50,10 @@ def update_baseline(baseline: float | None, rewards: Sequence[float], ema: float
 
 
 def gate_loss(rollout, strength: float) -> torch.Tensor:
-    """Cross-entropy of the head's w_t against the per-token optimum of the ``expected_verifier_logp`` + ``tv``
-    objective at strength λ: label 1 where drafting costs less likelihood than λ times the acceptance it buys,
-    Σ (p − q) log p < λ·TV(p, q). A supervised signal per token, where the objective's own gradient is dominated
-    by the shared bias (docs/diversed.md)."""
+    """Cross-entropy of the head's w_t against the per-token optimum of the ``expected_verifier_logp`` +
+    ``tv`` objective at strength λ: label 1 where drafting costs less likelihood than λ times the acceptance
+    it buys, Σ (p − q) log p < λ·TV(p, q). A supervised signal per token, where the objective's own gradient
+    is dominated by the shared bias (docs/diversed.md)."""
     tv = 1.0 - rollout.verifier_agreement
     label = (rollout.drafting_cost < strength * tv).to(rollout.weights.dtype)
     w = rollout.weights.clamp(1e-6, 1 - 1e-6)

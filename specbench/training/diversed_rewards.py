@@ -22,11 +22,14 @@ class RewardSpec:
     options: ScoringOptions
 
     def __call__(self, texts: Sequence[str], items: Sequence[dict]) -> list[float]:
-        """Per-sample rewards in [0, 1] of ``texts`` for the prompt ``items`` (see :func:`specbench.training.prompt_data.prompt_items`)."""
+        """Per-sample rewards in [0, 1] of ``texts`` for the prompt ``items`` (see
+        :func:`specbench.training.prompt_data.prompt_items`)."""
         rewards = [0.0] * len(texts)
         groups: dict[str, list[int]] = {}
         for i, item in enumerate(items):
-            metric = SPEC_BENCH_SCORED.get(item.get("category")) if self.metric == "spec_bench" else self.metric
+            metric = (
+                SPEC_BENCH_SCORED.get(item.get("category")) if self.metric == "spec_bench" else self.metric
+            )
             if metric is None or (metric != "pass@1" and item.get("reference") is None):
                 continue  # nothing to score against: reward 0
             groups.setdefault(metric, []).append(i)
@@ -46,13 +49,16 @@ class RewardSpec:
 
 
 def reward_spec(cfg: Any) -> RewardSpec:
-    """The reward of ``cfg.dataset`` (its metric must have per-sample rewards) with ``cfg.scoring`` options."""
+    """The reward of ``cfg.dataset`` (its metric must have per-sample rewards) with ``cfg.scoring``
+    options."""
     data = dataset_settings(cfg.dataset)
     metric, stops = data.scorer("plain")
     if metric not in REWARD_METRICS:
         raise ValueError(
-            f"dataset.metric: DIVERSED training needs a per-sample reward, but dataset {data.name!r} has metric "
-            f"{metric!r}; use a dataset with references (cnndm, xsum, wmt, gsm8k, humaneval, mbpp, spec_bench "
+            f"dataset.metric: DIVERSED training needs a per-sample reward, but dataset {data.name!r} has "
+            "metric "
+            f"{metric!r}; use a dataset with references (cnndm, xsum, wmt, gsm8k, humaneval, mbpp, "
+            "spec_bench "
             "translation/math_reasoning) or set dataset.metric"
         )
     return RewardSpec(metric, tuple(stops), ScoringOptions.from_config(cfg.scoring))

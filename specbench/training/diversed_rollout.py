@@ -91,6 +91,26 @@ def _verifier_step(verifier: CachedModel, drafter: Drafter, tokens, valid) -> tu
     return out.logits, VerifierView(tokens, valid, out.hidden, out.taps)
 
 
+def _prefilled(
+    verifier: CachedModel, drafter: Drafter, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+    eos_ids: Sequence[int], pad_id: int,
+) -> BatchState:
+    """The prompts' batch state, with the verifier and the drafter reset and prefilled on all but each
+    prompt's last token."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if drafter.hidden_size is None:
+        raise ValueError(f"DIVERSED reads the drafter's hidden states, which drafter {drafter.name!r} does not have")
+    state = BatchState.create(prompts, 1, max_new_tokens, eos_ids, pad_id, verifier.device)
+    verifier.reset(state.size)
+    drafter.reset(state.size)
+    view = None
+    if state.tokens.shape[1] > 1:
+        _, view = _verifier_step(verifier, drafter, state.tokens[:, :-1], state.token_valid[:, :-1])
+    drafter.prefill(state, view)
+    return state
+
+
 def rollout(
     head: WeightHead,
     verifier: CachedModel,
@@ -108,22 +128,12 @@ def rollout(
     Tokens are sampled from π with ``generator`` (``warping.greedy``: argmax π). The drafter's own draws
     use a generator of their own, so the policy's random stream is the same for every drafter.
     """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    if drafter.hidden_size is None:
-        raise ValueError(f"DIVERSED reads the drafter's hidden states, which drafter {drafter.name!r} does not have")
     device = verifier.device
-    state = BatchState.create(prompts, 1, max_new_tokens, eos_ids, pad_id, device)
+    state = _prefilled(verifier, drafter, prompts, max_new_tokens, eos_ids, pad_id)
     rows = state.size
     sampler = DraftSampler(warping, torch.Generator(device=device).manual_seed(0), DraftSchedule("constant", gamma=1))
     caps = torch.ones(rows, dtype=torch.long, device=device)
     never_kept = torch.zeros(rows, dtype=torch.long, device=device)
-    verifier.reset(rows)
-    drafter.reset(rows)
-    view = None
-    if state.tokens.shape[1] > 1:
-        _, view = _verifier_step(verifier, drafter, state.tokens[:, :-1], state.token_valid[:, :-1])
-    drafter.prefill(state, view)
     alive = torch.ones(rows, dtype=torch.bool, device=device)
     out_tokens, masks, log_probs, agreements, weights, sd_agreements, verifier_lps = [], [], [], [], [], [], []
     expected_lps, costs = [], []
@@ -131,8 +141,10 @@ def rollout(
         proposal = drafter.propose(state, caps, sampler, want_hidden=True)
         if proposal.q is None or not bool((proposal.lengths == 1).all()):
             raise ValueError(
-                f"drafter {drafter.name!r} gave no distribution for every row (DIVERSED rollouts need q and the "
-                "drafter's hidden state at every position; an EAGLE-3 head needs prompts of at least 2 tokens)"
+                f"drafter {drafter.name!r} gave no distribution for every row (DIVERSED rollouts need q and "
+                "the "
+                "drafter's hidden state at every position; an EAGLE-3 head needs prompts of at least 2 "
+                "tokens)"
             )
         last = state.last_tokens().unsqueeze(1)
         logits, view = _verifier_step(verifier, drafter, last, torch.ones_like(last, dtype=torch.bool))

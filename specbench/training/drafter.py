@@ -29,7 +29,7 @@ from specbench.training.batches import TargetSpec, verifier_targets
 from specbench.training.features import FeatureCache
 from specbench.training.synth_data import SyntheticDataModule
 from specbench.training.trainer import VerifierTraining
-from specbench.training.validation import greedy_tau
+from specbench.training.validation import speculative_tau
 from specbench.values import TOP_K_RKL, TRAIN_LOSSES
 
 LOSSES = TRAIN_LOSSES
@@ -85,7 +85,11 @@ def steering_sources(
     elif mode == "blocked":
         first = (prompt_len - 1).unsqueeze(1)  # the first position that predicts a response token
         rel = positions - first
-        start = torch.where(rel < max_offset - phase, 0, torch.div(rel + phase, max_offset, rounding_mode="floor") * max_offset - phase)
+        start = torch.where(
+            rel < max_offset - phase,
+            0,
+            torch.div(rel + phase, max_offset, rounding_mode="floor") * max_offset - phase,
+        )
         sources = first + start - 1
         sources = torch.where(rel >= 0, sources, torch.full_like(sources, -1))
     else:
@@ -156,7 +160,12 @@ class DrafterTraining(VerifierTraining):
         ids, attention, predicting = batch["input_ids"], batch["attention_mask"], batch["predict"]
         if self.steering is not None:
             sources = steering_sources(
-                self.train_cfg.offset, offset, batch["prompt_len"], ids.shape[1], self.train_cfg.max_offset, phase
+                self.train_cfg.offset,
+                offset,
+                batch["prompt_len"],
+                ids.shape[1],
+                self.train_cfg.max_offset,
+                phase,
             )
             steered = predicting & (sources >= 0)
             features = batch["features"]
@@ -192,25 +201,15 @@ class DrafterTraining(VerifierTraining):
 
     def on_validation_epoch_end(self) -> None:
         if self.val_prompts and not self.trainer.sanity_checking:
-            self.log("val/tau", speculative_tau(self, self.val_prompts), rank_zero_only=True)
+            tau = speculative_tau(self, self, tau_drafter(self), self.train_cfg.max_offset, self.vocab_size)
+            self.log("val/tau", tau, rank_zero_only=True)
 
 
-def speculative_tau(module: DrafterTraining, prompts: list[list[int]]) -> float:
-    """Real greedy speculative decoding of ``prompts`` with the current drafter: mean tokens per round."""
-    was_training = module.training
-    module.eval()
-    try:
-        drafter = module.drafter
-        if module.steering is not None:
-            drafter = SD2Drafter(module.steering, module.vocab_size, draft_vocab=module.draft_vocab)
-        elif module.draft_vocab is not None:
-            drafter = ModelDrafter(module.drafter, module.vocab_size, draft_vocab=module.draft_vocab)
-        return greedy_tau(
-            module.verifier, drafter, prompts, module.train_cfg.max_offset, module.vocab_size,
-            module.eos_token_ids, module.pad_token_id,
-        )  # fmt: skip
-    finally:
-        module.train(was_training)
+def tau_drafter(module: DrafterTraining) -> SD2Drafter | ModelDrafter:
+    """The drafter ``val/tau`` decodes with: the module's steered or plain model as the engine takes it."""
+    if module.steering is not None:
+        return SD2Drafter(module.steering, module.vocab_size, draft_vocab=module.draft_vocab)
+    return ModelDrafter(module.drafter, module.vocab_size, draft_vocab=module.draft_vocab)
 
 
 def build_drafter_training(
@@ -246,7 +245,12 @@ def build_drafter_training(
     if method == "sd2":
         d_layers = steering_cfg.d_layers if steering_cfg.d_layers == "all" else list(steering_cfg.d_layers)
         spec = resolve_spec(
-            verifier.model, model, list(steering_cfg.v_layers), steering_cfg.guide_method, d_layers, steering_cfg.rank
+            verifier.model,
+            model,
+            list(steering_cfg.v_layers),
+            steering_cfg.guide_method,
+            d_layers,
+            steering_cfg.rank,
         )
         steering = SteeredDrafter(model, spec)
     cache_dir = getattr(train, "feature_cache", None)
@@ -254,7 +258,10 @@ def build_drafter_training(
     vocab_info = {}
     if draft_vocab is not None:
         counts = count_response_tokens(zip(data["train"]["input_ids"], data["train"]["loss_mask"]))
-        vocab_info = {**vocab_metadata(draft_vocab), "draft_vocab_coverage": round(draft_vocab.coverage(counts), 6)}
+        vocab_info = {
+            **vocab_metadata(draft_vocab),
+            "draft_vocab_coverage": round(draft_vocab.coverage(counts), 6),
+        }
     metadata = {
         "method": method,
         **pair_metadata(verifier, drafter, vocab_size),
@@ -271,7 +278,10 @@ def build_drafter_training(
         "feature_top_k": targets.top_k,
         "feature_cache": str(Path(cache_dir).expanduser()) if cache_dir else None,
     }
-    val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(min(train.val_prompts, len(data["validation"]))))]
+    val_prompts = [
+        row["input_ids"][: row["prompt_len"]]
+        for row in data["validation"].select(range(min(train.val_prompts, len(data["validation"]))))
+    ]
     module = DrafterTraining(
         verifier.model, model, steering, train, vocab_size, metadata, val_prompts, eos_ids, pad_id, targets
     )

@@ -29,27 +29,18 @@ import torch
 import torch.nn.functional as F
 
 from specbench.drafters.eagle3 import Eagle3Drafter
-from specbench.drafters.eagle3_head import Eagle3Head, compact, resolve_taps
+from specbench.drafters.eagle3.head import Eagle3Head, compact, resolve_taps
 from specbench.models.draft_vocab import draft_vocab_for, vocab_metadata
 from specbench.training.batches import TargetSpec, dense_targets, verifier_batch
 from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
 from specbench.training.synth_data import SyntheticDataModule, collate_cached
-from specbench.training.trainer import VerifierTraining
-from specbench.training.validation import greedy_tau
+from specbench.training.trainer import VerifierTraining, train_option
+from specbench.training.validation import speculative_tau
 from specbench.values import EAGLE3_INIT_LAYERS
 
 TTT_STEPS = 7
 LOSS_DECAY = 0.8
 METHOD = "eagle3"
-
-
-def option(node: Any, key: str, default: Any) -> Any:
-    """``node.key`` or ``default`` when the config (DictConfig, dataclass, namespace) has no such key."""
-    try:
-        value = getattr(node, key)
-    except (AttributeError, KeyError):
-        return default
-    return default if value is None else value
 
 
 # --- the loss -------------------------------------------------------------------------------------------
@@ -129,7 +120,7 @@ def ttt_loss(
     return {"loss": total, "step_losses": step_losses, "correct": correct, "positions": counted_positions}
 
 
-def tau_estimate(accuracies: Sequence[float]) -> float:
+def chain_tau_estimate(accuracies: Sequence[float]) -> float:
     """Greedy chain τ implied by per-depth top-1 agreement: ``1 + Σ_k Π_{i<k} acc_i`` (step ``i``'s
     agreement is conditional on the earlier drafts being right, as the TTT inputs are true tokens)."""
     tau, survive = 1.0, 1.0
@@ -175,9 +166,9 @@ class Eagle3Training(VerifierTraining):
         super().__init__(verifier, train, metadata, val_prompts, eos_token_ids, pad_token_id)
         self.head = head
         self.targets = targets
-        self.steps = int(option(train, "ttt_steps", TTT_STEPS))
-        self.decay = float(option(train, "loss_decay", LOSS_DECAY))
-        self.chain_fraction = float(option(train, "ttt_chain_fraction", 1.0))
+        self.steps = int(train_option(train, "ttt_steps", TTT_STEPS))
+        self.decay = float(train_option(train, "loss_decay", LOSS_DECAY))
+        self.chain_fraction = float(train_option(train, "ttt_chain_fraction", 1.0))
         if self.steps < 1:
             raise ValueError(f"train.ttt_steps must be >= 1, got {self.steps}")
         if not 0.0 < self.chain_fraction <= 1.0:
@@ -193,7 +184,9 @@ class Eagle3Training(VerifierTraining):
         batch = self._with_features(batch)
         chains = None
         if self.chain_fraction < 1.0:  # seeded by step, so a resumed run samples the same chains
-            chains = ttt_chains(batch["predict"].bool(), self.steps, self.chain_fraction, self.step_generator())
+            chains = ttt_chains(
+                batch["predict"].bool(), self.steps, self.chain_fraction, self.step_generator()
+            )
         out = ttt_loss(self.head, batch, self.steps, self.decay, chains)
         size = batch["input_ids"].shape[0]
         self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
@@ -221,21 +214,11 @@ class Eagle3Training(VerifierTraining):
         accuracies = (sums[0] / sums[1].clamp(min=1)).tolist()
         for step, acc in enumerate(accuracies):
             self.log(f"val/acc_step{step}", acc, rank_zero_only=True)
-        self.log("val/tau_estimate", tau_estimate(accuracies), rank_zero_only=True)
+        self.log("val/tau_estimate", chain_tau_estimate(accuracies), rank_zero_only=True)
         if self.val_prompts:
-            self.log("val/tau", speculative_tau(self, self.val_prompts), rank_zero_only=True)
-
-
-def speculative_tau(module: Eagle3Training, prompts: list[list[int]]) -> float:
-    """Greedy speculative decoding of ``prompts`` with the current head (γ = ttt_steps): tokens per round."""
-    was_training = module.head.training
-    try:
-        return greedy_tau(
-            module.verifier, Eagle3Drafter(module.head), prompts, module.steps, module.targets.vocab.vocab_size,
-            module.eos_token_ids, module.pad_token_id,
-        )  # fmt: skip
-    finally:
-        module.head.train(was_training)
+            vocab_size = self.targets.vocab.vocab_size
+            tau = speculative_tau(self, self.head, Eagle3Drafter(self.head), self.steps, vocab_size)
+            self.log("val/tau", tau, rank_zero_only=True)
 
 
 # --- building it from the config ------------------------------------------------------------------------
@@ -243,7 +226,7 @@ def speculative_tau(module: Eagle3Training, prompts: list[list[int]]) -> float:
 
 def head_metadata(verifier: Any, head: Eagle3Head, vocab_size: int) -> dict:
     """What ties a head to its verifier (checked when it is loaded) and rebuilds its architecture."""
-    from specbench.drafters.eagle3_checkpoint import verifier_identity
+    from specbench.drafters.eagle3.checkpoint import verifier_identity
 
     return {
         "method": METHOD,
@@ -264,7 +247,7 @@ def warm_start(head: Eagle3Head, path: str | Path, verifier: Any, vocab_size: in
     decoding) and have the same taps. Its fc, decoder layer and norm are copied; the LM head rows of the
     tokens both draft vocabularies hold are copied when the checkpoint trained its LM head, and the rows of
     tokens new to this vocabulary stay the verifier's."""
-    from specbench.drafters.eagle3_checkpoint import load_trained_eagle3
+    from specbench.drafters.eagle3.checkpoint import load_trained_eagle3
     from specbench.models.pair import CheckpointMismatchError
 
     source, metadata = load_trained_eagle3(path, verifier, vocab_size)
@@ -294,26 +277,28 @@ def build_eagle3_training(
     train = cfg.train
     data, data_meta = load_synthetic(str(train.data))
     check_synthetic_source(data_meta, verifier.name, tokenizer_hash(verifier.tokenizer), train.data)
-    vocab, coverage = draft_vocab_for(data, option(train, "draft_vocab_size", None), vocab_size)
-    taps = resolve_taps(option(train, "taps", None), int(verifier.model.config.num_hidden_layers), "train.taps")
+    vocab, coverage = draft_vocab_for(data, train_option(train, "draft_vocab_size", None), vocab_size)
+    taps = resolve_taps(
+        train_option(train, "taps", None), int(verifier.model.config.num_hidden_layers), "train.taps"
+    )
     head = Eagle3Head.for_verifier(verifier.model, vocab, taps).float()
-    init_layer = option(train, "init_layer", "random")
+    init_layer = train_option(train, "init_layer", "random")
     if init_layer not in EAGLE3_INIT_LAYERS:
         raise ValueError(f"train.init_layer must be one of {list(EAGLE3_INIT_LAYERS)}, got {init_layer!r}")
     if init_layer == "verifier_last":
         head.init_layer_from_verifier(verifier.model)
-    init_head = option(train, "init_head", None)
+    init_head = train_option(train, "init_head", None)
     if init_head:
         if init_layer != "random":
             raise ValueError(
                 "train.init_head and train.init_layer both set the head's starting weights; drop one"
             )
         warm_start(head, init_head, verifier, vocab_size)
-    head.lm_head.requires_grad_(not bool(option(train, "freeze_lm_head", False)))
+    head.lm_head.requires_grad_(not bool(train_option(train, "freeze_lm_head", False)))
     head.train()
-    top_k = option(train, "feature_top_k", None)
+    top_k = train_option(train, "feature_top_k", None)
     targets = TargetSpec(vocab, int(top_k) if top_k else None)
-    cache_dir = option(train, "feature_cache", None)
+    cache_dir = train_option(train, "feature_cache", None)
     cache = None
     if cache_dir:
         open_feature_cache(cache_dir, cache_identity(verifier, data, taps, targets))  # refuse a mismatch now
@@ -326,15 +311,15 @@ def build_eagle3_training(
                 taps,
                 targets,
                 pad_id,
-                batch_size=int(option(train, "feature_batch_size", 8)),
+                batch_size=int(train_option(train, "feature_batch_size", 8)),
             )
 
     metadata = {
         **head_metadata(verifier, head, vocab_size),
         "draft_vocab_coverage": round(coverage, 6),
-        "ttt_steps": int(option(train, "ttt_steps", TTT_STEPS)),
-        "loss_decay": float(option(train, "loss_decay", LOSS_DECAY)),
-        "ttt_chain_fraction": float(option(train, "ttt_chain_fraction", 1.0)),
+        "ttt_steps": int(train_option(train, "ttt_steps", TTT_STEPS)),
+        "loss_decay": float(train_option(train, "loss_decay", LOSS_DECAY)),
+        "ttt_chain_fraction": float(train_option(train, "ttt_chain_fraction", 1.0)),
         "init_layer": init_layer,
         "init_head": str(init_head) if init_head else None,
         "feature_top_k": targets.top_k,
@@ -342,7 +327,7 @@ def build_eagle3_training(
         "data": str(train.data),
         "data_rows": {split: len(data[split]) for split in data},
     }
-    count = min(int(option(train, "val_prompts", 0) or 0), len(data["validation"]))
+    count = min(int(train_option(train, "val_prompts", 0) or 0), len(data["validation"]))
     val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(count))]
     module = Eagle3Training(verifier.model, head, train, targets, metadata, val_prompts, eos_ids, pad_id)
     datamodule = Eagle3DataModule(data, train.batch_size, pad_id, train.seed, train.num_workers, cache)

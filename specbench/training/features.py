@@ -11,10 +11,11 @@ One frozen-verifier pass over a synthetic dataset (``task=synth`` rows) gives, p
 
 :func:`~specbench.training.batches.verifier_targets` computes them for a padded batch (the on-the-fly
 path), the targets packed as the cache stores them (one row per response-predicting position);
-:func:`~specbench.training.batches.verifier_batch` scatters them to (B, T, ·) as the EAGLE-3 loss reads them. ``train.feature_cache=DIR`` stores them once (bf16) so that a
-training step runs only the drafter (EAGLE-3 heads, and distill / SD² drafters: :mod:`specbench.training.synth_data`
-gives the batches); :func:`open_feature_cache` reuses a directory only when it was
-made by the same verifier (name, weights fingerprint, tokenizer hash) from the same data, with the
+:func:`~specbench.training.batches.verifier_batch` scatters them to (B, T, ·) as the EAGLE-3 loss reads them.
+``train.feature_cache=DIR`` stores them once (bf16) so that a training step runs only the drafter (EAGLE-3
+heads, and distill / SD² drafters:
+:mod:`specbench.training.synth_data` gives the batches); :func:`open_feature_cache` reuses a directory only
+when it was made by the same verifier (name, weights fingerprint, tokenizer hash) from the same data, with the
 requested taps (a superset is fine: an SD² run may read other layers of one cache, a distillation run
 none) and the same targets (draft vocabulary and top-k); otherwise it stops with a message naming the
 difference.
@@ -292,71 +293,12 @@ def build_feature_cache(
     partial.mkdir(parents=True)
     model = verifier.model
     hidden = int(model.config.hidden_size)
-    taps = wanted.taps
     width = targets.width if targets is not None else 0
     rows, started = {}, time.perf_counter()
     for split in SPLITS:
-        if split not in data:
-            continue
-        table = data[split]
-        tokens, n_targets = _row_sizes(table)
-        offsets = np.stack(
-            [np.concatenate([[0], np.cumsum(tokens)]), np.concatenate([[0], np.cumsum(n_targets)])]
-        )
-        np.save(partial / f"{split}-offsets.npy", offsets)
-        total_tokens, total_targets = int(offsets[0, -1]), int(offsets[1, -1])
-        tap_maps = {
-            t: np.memmap(
-                partial / f"{split}-tap{t}.bf16", np.int16, "w+", shape=(max(total_tokens, 1), hidden)
-            )
-            for t in taps
-        }
-        if targets is not None:
-            shape = (max(total_targets, 1), width)
-            values = np.memmap(partial / f"{split}-target-values.bf16", np.int16, "w+", shape=shape)
-            in_vocab = np.memmap(partial / f"{split}-target-in-vocab.u8", np.uint8, "w+", shape=(shape[0],))
-            index = (
-                np.memmap(partial / f"{split}-target-index.i32", np.int32, "w+", shape=shape)
-                if targets.top_k
-                else None
-            )
-        order = np.argsort(tokens, kind="stable")
-        for first in range(0, len(order), batch_size):
-            chosen = [int(i) for i in order[first : first + batch_size]]
-            batch = _pad_rows([table[i] for i in chosen], pad_id, model.device)
-            out = verifier_targets(model, batch, taps, targets)
-            if targets is not None:  # where each row's targets start in the packed (N, K) tensors
-                found = out["predict"].sum(dim=1).tolist()
-                begins = np.concatenate([[0], np.cumsum(found)]).astype(np.int64)
-            for slot, row in enumerate(chosen):
-                length = int(tokens[row])
-                start = int(offsets[0, row])
-                for k, t in enumerate(taps):
-                    tap = out["features"][slot, :length, k * hidden : (k + 1) * hidden]
-                    tap_maps[t][start : start + length] = _bf16_bits(tap)
-                if targets is not None:
-                    start, count = int(offsets[1, row]), int(n_targets[row])
-                    if int(found[slot]) != count:
-                        raise RuntimeError(
-                            f"{split} row {row}: {int(found[slot])} target positions, expected {count}"
-                        )
-                    packed = slice(int(begins[slot]), int(begins[slot]) + count)
-                    values[start : start + count] = _bf16_bits(out["target_values"][packed])
-                    in_vocab[start : start + count] = out["in_vocab"][packed].cpu().numpy().astype(np.uint8)
-                    if index is not None:
-                        index[start : start + count] = (
-                            out["target_index"][packed].cpu().numpy().astype(np.int32)
-                        )
-            done = min(first + batch_size, len(order))
-            if done == len(order) or (first // batch_size) % 50 == 0:
-                log(
-                    f"feature cache {split}: {done}/{len(order)} rows ({time.perf_counter() - started:.0f} s)"
-                )
-        for array in [*tap_maps.values(), *((values, in_vocab) if targets is not None else ())]:
-            array.flush()
-        if targets is not None and index is not None:
-            index.flush()
-        rows[split] = {"rows": len(order), "tokens": total_tokens, "targets": total_targets}
+        if split in data:
+            writer = _SplitWriter(partial, split, data[split], hidden, wanted.taps, targets)
+            rows[split] = writer.write(model, pad_id, batch_size, log, started)
     for path in partial.iterdir():
         os.replace(path, directory / path.name)
     meta = {
@@ -374,6 +316,70 @@ def build_feature_cache(
     partial.rmdir()
     log(f"feature cache written to {directory} ({meta['build_seconds']} s)")
     return FeatureCache(directory, meta, reading)
+
+
+class _SplitWriter:
+    """One split's cache files under ``partial``: the offsets, a memmap per tap and, with ``targets``, the
+    packed target values, in-vocabulary flags and (top-k) indices."""
+
+    def __init__(self, partial: Path, split: str, table: Any, hidden: int, taps: Sequence[int], targets):
+        self.split, self.table, self.hidden, self.taps, self.targets = split, table, hidden, tuple(taps), targets
+        self.tokens, self.n_targets = _row_sizes(table)
+        self.offsets = np.stack(
+            [np.concatenate([[0], np.cumsum(self.tokens)]), np.concatenate([[0], np.cumsum(self.n_targets)])]
+        )
+        np.save(partial / f"{split}-offsets.npy", self.offsets)
+        self.total_tokens, self.total_targets = int(self.offsets[0, -1]), int(self.offsets[1, -1])
+        self.tap_maps = {
+            t: np.memmap(
+                partial / f"{split}-tap{t}.bf16", np.int16, "w+", shape=(max(self.total_tokens, 1), hidden)
+            )
+            for t in self.taps
+        }
+        self.values = self.in_vocab = self.index = None
+        if targets is not None:
+            shape = (max(self.total_targets, 1), targets.width)
+            self.values = np.memmap(partial / f"{split}-target-values.bf16", np.int16, "w+", shape=shape)
+            self.in_vocab = np.memmap(partial / f"{split}-target-in-vocab.u8", np.uint8, "w+", shape=(shape[0],))
+            if targets.top_k:
+                self.index = np.memmap(partial / f"{split}-target-index.i32", np.int32, "w+", shape=shape)
+
+    def write(self, model: Any, pad_id: int, batch_size: int, log: Callable[[str], None], started: float) -> dict:
+        """Run the verifier over the split's rows, batched by length; the split's row/token/target counts."""
+        order = np.argsort(self.tokens, kind="stable")
+        for first in range(0, len(order), batch_size):
+            chosen = [int(i) for i in order[first : first + batch_size]]
+            batch = _pad_rows([self.table[i] for i in chosen], pad_id, model.device)
+            self._store(chosen, verifier_targets(model, batch, self.taps, self.targets))
+            done = min(first + batch_size, len(order))
+            if done == len(order) or (first // batch_size) % 50 == 0:
+                log(f"feature cache {self.split}: {done}/{len(order)} rows ({time.perf_counter() - started:.0f} s)")
+        for array in [*self.tap_maps.values(), self.values, self.in_vocab, self.index]:
+            if array is not None:
+                array.flush()
+        return {"rows": len(order), "tokens": self.total_tokens, "targets": self.total_targets}
+
+    def _store(self, chosen: list[int], out: dict) -> None:
+        hidden = self.hidden
+        if self.targets is not None:  # where each row's targets start in the packed (N, K) tensors
+            found = out["predict"].sum(dim=1).tolist()
+            begins = np.concatenate([[0], np.cumsum(found)]).astype(np.int64)
+        for slot, row in enumerate(chosen):
+            length = int(self.tokens[row])
+            start = int(self.offsets[0, row])
+            for k, t in enumerate(self.taps):
+                tap = out["features"][slot, :length, k * hidden : (k + 1) * hidden]
+                self.tap_maps[t][start : start + length] = _bf16_bits(tap)
+            if self.targets is None:
+                continue
+            start, count = int(self.offsets[1, row]), int(self.n_targets[row])
+            if int(found[slot]) != count:
+                raise RuntimeError(f"{self.split} row {row}: {int(found[slot])} target positions, expected {count}")
+            packed = slice(int(begins[slot]), int(begins[slot]) + count)
+            self.values[start : start + count] = _bf16_bits(out["target_values"][packed])
+            self.in_vocab[start : start + count] = out["in_vocab"][packed].cpu().numpy().astype(np.uint8)
+            if self.index is not None:
+                self.index[start : start + count] = out["target_index"][packed].cpu().numpy().astype(np.int32)
 
 
 def _pad_rows(rows: Iterable[dict], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:

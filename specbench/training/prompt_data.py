@@ -57,12 +57,17 @@ class PromptDataModule(L.LightningDataModule):
         return DataLoader(self.val_items, batch_size=self.batch_size, shuffle=False, collate_fn=_as_list)
 
 
-def split_validation(prompts: Sequence[Prompt], count: int, seed: int = 0) -> tuple[list[Prompt], list[Prompt]]:
-    """(training, validation): ``count`` prompts picked with ``seed`` (kept out of training); training keeps ≥ 1."""
+def split_validation(
+    prompts: Sequence[Prompt], count: int, seed: int = 0
+) -> tuple[list[Prompt], list[Prompt]]:
+    """(training, validation): ``count`` prompts picked with ``seed`` (kept out of training); training keeps ≥
+    1."""
     prompts = list(prompts)
     count = max(0, min(count, len(prompts) - 1))
     if count == 0:
         return prompts, []
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed)).tolist()
     held = set(order[:count])
-    return [p for i, p in enumerate(prompts) if i not in held], [p for i, p in enumerate(prompts) if i in held]
+    return [p for i, p in enumerate(prompts) if i not in held], [
+        p for i, p in enumerate(prompts) if i in held
+    ]

@@ -27,6 +27,16 @@ CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
 
 
+def train_option(node: Any, key: str, default: Any) -> Any:
+    """``node.key`` (``node[key]`` for a dict), or ``default`` when the train config (DictConfig, dataclass,
+    namespace, dict) has no such key or it is None."""
+    try:
+        value = node.get(key) if isinstance(node, dict) else getattr(node, key)
+    except (AttributeError, KeyError):
+        return default
+    return default if value is None else value
+
+
 def warmup_cosine_lr(step: int, warmup_steps: int, total_steps: int, lr_start: float, lr_end: float) -> float:
     """Linear warm-up 0 → lr_start over ``warmup_steps``, then cosine lr_start → lr_end at ``total_steps``.
 
@@ -74,8 +84,8 @@ class TrainedOnlyCheckpoint:
 
 
 class VerifierTraining(TrainedOnlyCheckpoint, L.LightningModule):
-    """A LightningModule that trains a part against a frozen verifier: the verifier is held by reference (not a
-    submodule: never saved, never handed to the optimiser) and moved to the module's device at fit start;
+    """A LightningModule that trains a part against a frozen verifier: the verifier is held by reference (not
+    a submodule: never saved, never handed to the optimiser) and moved to the module's device at fit start;
     AdamW over the trainable parameters with the warm-up / cosine schedule of ``train``; checkpoints carry
     ``metadata``; validation decodes ``val_prompts`` (token ids) with these EOS and pad ids."""
 
@@ -111,7 +121,9 @@ class VerifierTraining(TrainedOnlyCheckpoint, L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.train_cfg.lr_start, weight_decay=self.train_cfg.weight_decay)
+        optimizer = torch.optim.AdamW(
+            params, lr=self.train_cfg.lr_start, weight_decay=self.train_cfg.weight_decay
+        )
         return {"optimizer": optimizer, "lr_scheduler": warmup_cosine_scheduler(optimizer, self.train_cfg)}
 
 
@@ -124,7 +136,11 @@ class LastMetrics(Callback):
 
     def _keep(self, trainer: L.Trainer) -> None:
         self.last.update(
-            {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+            {
+                k: float(v)
+                for k, v in trainer.callback_metrics.items()
+                if torch.is_tensor(v) and v.numel() == 1
+            }
         )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -251,7 +267,9 @@ def build_trainer(
     if tracker.enabled:
         from specbench.training.mlflow_logger import DeferringMLFlowLogger
 
-        loggers.append(DeferringMLFlowLogger(tracking_uri=tracker.tracking_uri, run_id=tracker.run_id, log_model=False))
+        loggers.append(
+            DeferringMLFlowLogger(tracking_uri=tracker.tracking_uri, run_id=tracker.run_id, log_model=False)
+        )
     trainer = L.Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=train.devices,

@@ -4,13 +4,15 @@
     fc.weight                    (H, len(target_layer_ids)·H)
     hidden_norm.weight           (H,)
     layers.N.input_layernorm.weight, layers.N.post_attention_layernorm.weight
-    layers.N.self_attn.{q,k,v,o}_proj.weight (+ .bias with attention_bias), layers.N.self_attn.{q,k}_norm.weight
-    layers.N.mlp.{gate,up,down}_proj.weight
+    layers.N.self_attn.{q,k,v,o}_proj.weight (+ .bias with attention_bias),
+    layers.N.self_attn.{q,k}_norm.weight layers.N.mlp.{gate,up,down}_proj.weight
     norm.weight
-    mask_embedding               (H,)  specbench only: a learned mask, when dflash_config.mask_token_id is null
+    mask_embedding               (H,)  specbench only: a learned mask, when dflash_config.mask_token_id is
+    null
 
-The draft shares the verifier's embedding and LM head; ``embed_tokens`` / ``lm_head`` weights in a checkpoint are
-ignored. :func:`check_pair` refuses a draft built for another verifier before any decoding.
+The draft shares the verifier's embedding and LM head; ``embed_tokens`` / ``lm_head`` weights in a checkpoint
+are ignored. :func:`check_fits_verifier` refuses a draft built for another verifier before any
+decoding.
 """
 
 from __future__ import annotations
@@ -66,7 +68,9 @@ def verifier_depth(verifier: nn.Module) -> int:
     return int(verifier.config.num_hidden_layers)
 
 
-def check_pair(config: DFlashConfig, verifier: nn.Module, source: str = "the DFlash checkpoint") -> None:
+def check_fits_verifier(
+    config: DFlashConfig, verifier: nn.Module, source: str = "the DFlash checkpoint"
+) -> None:
     """Raise :class:`DFlashCheckpointError` if the draft does not fit ``verifier`` (a causal LM): hidden size,
     tapped layers, vocabulary, mask token."""
     hidden = int(verifier.config.hidden_size)
@@ -89,7 +93,8 @@ def check_pair(config: DFlashConfig, verifier: nn.Module, source: str = "the DFl
         )
     if config.vocab_size != rows:
         raise DFlashCheckpointError(
-            f"{source}: vocab_size {config.vocab_size} but the verifier's embedding has {rows} rows; the draft "
+            f"{source}: vocab_size {config.vocab_size} but the verifier's embedding has {rows} rows; the "
+            "draft "
             "reads its logits through the verifier's LM head, so it must come from the same model family"
         )
     if config.mask_token_id is not None and not 0 <= config.mask_token_id < rows:
@@ -105,7 +110,7 @@ def load_dflash(directory: str | Path, verifier: nn.Module | None = None) -> DFl
     raw, state = read_state(directory)
     config = DFlashConfig.from_dict(raw)
     if verifier is not None:
-        check_pair(config, verifier, f"DFlash checkpoint {str(directory)!r}")
+        check_fits_verifier(config, verifier, f"DFlash checkpoint {str(directory)!r}")
     return _with_weights(DFlashDraftModel(config), state, f"DFlash checkpoint {str(directory)!r}", verifier)
 
 
@@ -145,28 +150,32 @@ def read_trained(path: str | Path) -> tuple[DFlashConfig, dict[str, torch.Tensor
     state, metadata = read_checkpoint(path)
     if metadata.get("method") != "dflash" or "dflash_config" not in metadata:
         raise DFlashCheckpointError(
-            f"{str(path)!r} is a method={metadata.get('method')!r} checkpoint, not a DFlash drafter (the trained.pt "
+            f"{str(path)!r} is a method={metadata.get('method')!r} checkpoint, not a DFlash drafter (the "
+            "trained.pt "
             "of task=train method=dflash); a z-lab layout directory loads as it is"
         )
     weights = {k.removeprefix(TRAINED_PREFIX): v for k, v in state.items() if k.startswith(TRAINED_PREFIX)}
     return DFlashConfig.from_dict(metadata["dflash_config"]), weights, metadata
 
 
-def load_trained_dflash(path: str | Path, verifier: Any, vocab_size: int) -> tuple[DFlashDraftModel, DraftVocab | None]:
+def load_trained_dflash(
+    path: str | Path, verifier: Any, vocab_size: int
+) -> tuple[DFlashDraftModel, DraftVocab | None]:
     """The draft network ``task=train method=dflash`` saved and its draft vocabulary (None: the full one),
     checked against ``verifier`` (a LoadedModel: the same name, weights and tokenizer it was trained on, as
     for EAGLE-3 heads)."""
-    from specbench.drafters.eagle3_checkpoint import IDENTITY_KEYS, verifier_identity
+    from specbench.drafters.eagle3.checkpoint import IDENTITY_KEYS, verifier_identity
     from specbench.models.pair import metadata_differences
 
     config, weights, metadata = read_trained(path)
     shown = metadata_differences(metadata, verifier_identity(verifier, vocab_size), IDENTITY_KEYS)
     if shown:
         raise DFlashCheckpointError(
-            f"{str(path)!r} was trained for another verifier ({shown}); use the model/verifier it was trained "
+            f"{str(path)!r} was trained for another verifier ({shown}); use the model/verifier it was "
+            "trained "
             "with, or train one for this verifier (task=train method=dflash)"
         )
-    check_pair(config, verifier.model, f"DFlash drafter {str(path)!r}")
+    check_fits_verifier(config, verifier.model, f"DFlash drafter {str(path)!r}")
     model = _with_weights(DFlashDraftModel(config), weights, f"DFlash drafter {str(path)!r}", verifier.model)
     vocab = DraftVocab(metadata["draft_vocab_ids"], vocab_size) if metadata.get("draft_vocab_ids") else None
     return model, vocab

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specbench.drafters.base import Drafter, Proposal, VerifierNeeds, VerifierView
-from specbench.drafters.dflash.checkpoint import check_pair, load_dflash, load_trained_dflash
+from specbench.drafters.dflash.checkpoint import check_fits_verifier, load_dflash, load_trained_dflash
 from specbench.drafters.dflash.model import DFlashDraftModel
 from specbench.models.draft_vocab import DraftVocab
 
@@ -51,7 +51,7 @@ class DFlashDrafter(Drafter):
         name: str = "dflash",
         draft_vocab: DraftVocab | None = None,
     ):
-        check_pair(model.config, verifier)
+        check_fits_verifier(model.config, verifier)
         self.model = model.eval()
         self.name = name
         self._embedding = [verifier.get_input_embeddings()]  # lists: held by reference, not as submodules
@@ -59,12 +59,16 @@ class DFlashDrafter(Drafter):
         self.draft_vocab = draft_vocab if draft_vocab is not None and not draft_vocab.is_full else None
         if self.draft_vocab is not None and self.draft_vocab.vocab_size != self.vocab_size:
             raise ValueError(
-                f"the DFlash draft vocabulary maps into {self.draft_vocab.vocab_size} tokens, the pair shares "
+                f"the DFlash draft vocabulary maps into {self.draft_vocab.vocab_size} tokens, the pair "
+                "shares "
                 f"{self.vocab_size}; use the drafter with the verifier it was trained for"
             )
         head = verifier.get_output_embeddings().weight
-        # The LM head rows the draft reads: the draft vocabulary's (q is 0 outside it), else the shared vocabulary.
-        self._rows = [head[: self.vocab_size] if self.draft_vocab is None else head[self.draft_vocab.draft_ids]]
+        # The LM head rows the draft reads: the draft vocabulary's (q is 0 outside it), else the shared
+        # vocabulary.
+        self._rows = [
+            head[: self.vocab_size] if self.draft_vocab is None else head[self.draft_vocab.draft_ids]
+        ]
         self.block_size = int(block_size or model.config.block_size)
         if self.block_size < 2:
             raise ValueError(
@@ -120,7 +124,8 @@ class DFlashDrafter(Drafter):
     @torch.no_grad()
     def draft_logits(self, state, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft forward of the whole block: (logits (B, width, vocab_size) float32 of the first ``width``
-        mask slots (default all ``block_size − 1``; the LM head runs on those only), their final-normed hidden)."""
+        mask slots (default all ``block_size − 1``; the LM head runs on those only), their final-normed
+        hidden)."""
         lengths = state.lengths().to(self.device)
         held = self.cache.lengths
         if not torch.equal(held, lengths - 1):
@@ -181,15 +186,16 @@ class DFlashDrafter(Drafter):
 def dflash_drafter(
     path: str | None, verifier: Any, vocab_size: int, block_size: int | None = None
 ) -> DFlashDrafter:
-    """``model/drafter=dflash``: ``path`` (``model.drafter.params.path``) is the ``trained.pt`` / ``last.ckpt``
-    of ``task=train method=dflash``, a z-lab layout directory or a hub id, for this verifier (a
+    """``model/drafter=dflash``: ``path`` (``model.drafter.params.path``) is the ``trained.pt`` /
+    ``last.ckpt`` of ``task=train method=dflash``, a z-lab layout directory or a hub id, for this verifier (a
     ``LoadedModel``); ``block_size`` (null: the checkpoint's) sets the slots per forward."""
     from specbench.models.checkpoints import resolve_project_path
 
     if not path:
         raise ValueError(
             "model.drafter.params.path is null: pass a DFlash checkpoint: the trained.pt of task=train "
-            "method=dflash, or a directory in the z-lab layout (config.json + model.safetensors), e.g. a download "
+            "method=dflash, or a directory in the z-lab layout (config.json + model.safetensors), e.g. a "
+            "download "
             "of z-lab/Qwen3-8B-DFlash-b16"
         )
     model = getattr(verifier, "model", verifier)
@@ -202,11 +208,12 @@ def dflash_drafter(
         if not source.is_dir():
             from huggingface_hub import snapshot_download
 
-            from specbench.drafters.eagle3_format import looks_like_file
+            from specbench.drafters.eagle3.format import looks_like_file
 
             if looks_like_file(str(path)):
                 raise FileNotFoundError(
-                    f"model.drafter.params.path={str(path)!r}: no such file or directory (a trained.pt of task=train "
+                    f"model.drafter.params.path={str(path)!r}: no such file or directory (a trained.pt of "
+                    "task=train "
                     "method=dflash, or a z-lab layout directory)"
                 )
 

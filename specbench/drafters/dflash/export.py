@@ -29,7 +29,8 @@ def export_trained(source: str | Path, out: str | Path, dtype: torch.dtype = tor
     config, weights, metadata = read_trained(source)
     if metadata.get("draft_vocab_ids"):
         raise DFlashCheckpointError(
-            f"{str(source)!r} drafts over a draft vocabulary of {len(metadata['draft_vocab_ids'])} tokens, which the "
+            f"{str(source)!r} drafts over a draft vocabulary of {len(metadata['draft_vocab_ids'])} tokens, "
+            "which the "
             "z-lab layout cannot hold; train with train.draft_vocab_size=null for an export, or keep the "
             "trained.pt (--compact)"
         )
@@ -37,7 +38,8 @@ def export_trained(source: str | Path, out: str | Path, dtype: torch.dtype = tor
     expected = set(model.state_dict())
     if set(weights) != expected:
         raise DFlashCheckpointError(
-            f"{str(source)!r} does not hold its draft network's weights: missing {sorted(expected - set(weights))[:4]}, "
+            f"{str(source)!r} does not hold its draft network's weights: missing "
+            f"{sorted(expected - set(weights))[:4]}, "
             f"unexpected {sorted(set(weights) - expected)[:4]}"
         )
     model.load_state_dict({k: v.float() for k, v in weights.items()})
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.compact:
-            from specbench.drafters.eagle3_checkpoint import compact_checkpoint
+            from specbench.drafters.eagle3.checkpoint import compact_checkpoint
 
             read_trained(args.checkpoint)  # a DFlash checkpoint, or a named error
             print(f"wrote {compact_checkpoint(args.checkpoint, args.out, DTYPES[args.dtype], 'dflash')}")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from specbench.drafters.eagle3_head import Eagle3Head
+from specbench.drafters.eagle3.head import Eagle3Head
 from specbench.models.draft_vocab import DraftVocab
 
 HEAD_PREFIX = "head."
@@ -91,9 +91,9 @@ def load_trained_eagle3(path: str | Path, verifier: Any, vocab_size: int) -> tup
 def compact_checkpoint(
     source: str | Path, out: str | Path, dtype: torch.dtype = torch.bfloat16, method: str = "eagle3"
 ) -> Path:
-    """Write the weights of a ``method`` trained.pt / last.ckpt (an EAGLE-3 head, a DFlash drafter) in ``dtype``
-    with the same metadata (no optimiser state): the file to commit or share. Loading casts the weights back
-    to the verifier's dtype."""
+    """Write the weights of a ``method`` trained.pt / last.ckpt (an EAGLE-3 head, a DFlash drafter) in
+    ``dtype`` with the same metadata (no optimiser state): the file to commit or share. Loading casts the
+    weights back to the verifier's dtype."""
     from specbench.models.checkpoints import read_checkpoint
     from specbench.models.pair import CheckpointMismatchError
 

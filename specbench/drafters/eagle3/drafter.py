@@ -1,6 +1,6 @@
 """EAGLE-3 as a :class:`~specbench.decoding.protocol.Drafter`: an
-:class:`~specbench.drafters.eagle3_head.Eagle3Head` with its own KV cache, fed the verifier features the engine
-hands over.
+:class:`~specbench.drafters.eagle3.head.Eagle3Head` with its own KV cache, fed the verifier features the
+engine hands over.
 
 Decoding pairs the verifier feature at position ``t`` with the embedding of token ``t + 1``: after the
 prefill over the prompt minus its last token the head has entries for positions ``0 .. n − 2`` and its
@@ -16,7 +16,7 @@ import torch
 from specbench.decoding.cache import CachedModel
 from specbench.decoding.protocol import Drafter, Proposal, VerifierNeeds, VerifierView
 from specbench.decoding.tree import chain_with_leaves, top_leaves
-from specbench.drafters.eagle3_head import Eagle3Head
+from specbench.drafters.eagle3.head import Eagle3Head
 from specbench.values import check_tree_width
 
 

@@ -17,7 +17,7 @@ One head step at position ``t``::
 The embedding is the verifier's (frozen, shared, not copied). The decoder layer is the verifier
 architecture's own transformers class (``LlamaDecoderLayer``, ``Qwen3DecoderLayer``, …) with its q/k/v
 projections widened to 2H; parameter names follow SpecForge (``fc``, ``midlayer.*``, ``norm``, ``lm_head``),
-so :mod:`specbench.drafters.eagle3_format` maps them 1:1 to the EAGLE / SpecForge / vLLM layout.
+so :mod:`specbench.drafters.eagle3.format` maps them 1:1 to the EAGLE / SpecForge / vLLM layout.
 """
 
 from __future__ import annotations
