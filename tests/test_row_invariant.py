@@ -294,3 +294,19 @@ def test_the_embedded_pair_in_bf16_decodes_speculatively_as_autoregressively_at_
         batched = engine.generate(prompts)
         assert [r.output_ids for r in batched] == [r.output_ids for r in plain.generate(prompts)], name
         assert sum(r.accepted for result in batched for r in result.rounds) > 0
+
+
+def test_large_float32_blocks_take_the_transposed_product_and_small_ones_f_linear():
+    from specbench.models.row_invariant import FP32_TRANSPOSED_ROWS, FP32_TRANSPOSED_WEIGHT
+
+    torch.manual_seed(0)
+    large = nn.Linear(1536, FP32_TRANSPOSED_WEIGHT // 1536 + 1, bias=True)
+    large.__class__ = RowInvariantLinear
+    low, high = FP32_TRANSPOSED_ROWS
+    for rows in (low, 11, high):
+        x = torch.randn(1, rows, 1536)
+        assert torch.equal(large(x), (large.weight @ x[0].T).T[None] + large.bias)
+        torch.testing.assert_close(large(x), F.linear(x, large.weight, large.bias), rtol=1e-5, atol=1e-5)
+    for rows in (1, low - 1, high + 1):
+        x = torch.randn(rows, 1536)
+        assert torch.equal(large(x), F.linear(x, large.weight, large.bias))

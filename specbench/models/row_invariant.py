@@ -33,6 +33,11 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 ROWWISE_ATTENTION = "sdpa_rowwise"
 MAX_ROWWISE_QUERIES = 32  # a verification block is γ + 1 rows; longer blocks are prefills
 MAX_TRANSPOSED_ROWS = 64  # rows of a linear layer's transposed product (beyond: prefills, large batches)
+# float32 on a CPU (speed only: float32 is not made row-invariant): F.linear's cost steps up at 7 rows on large
+# matrices (SmolLM2's MLP: 1 row 0.12 ms, 7 rows 0.35 ms, 11 rows 0.46 ms) while the transposed product stays at
+# 0.22-0.26 ms up to 16 rows; on a 576 x 576 projection F.linear stays cheaper up to ~16 rows.
+FP32_TRANSPOSED_ROWS = (7, 64)
+FP32_TRANSPOSED_WEIGHT = 1 << 19  # weight elements
 KEY_CHUNK = 512  # keys per probability-value product (below the 1024 where the kernel's blocking changed)
 REDUCED = (torch.bfloat16, torch.float16)
 
@@ -49,7 +54,8 @@ class RowInvariantLinear(nn.Linear):
     the same bits in blocks of 2..64 rows (and the bits of ``F.linear`` there), and costs half of ``F.linear``'s
     few-row bf16 product on SmolLM2-135M's shapes (the LM head: 2.6 ms against 4.6–7 ms for 2–11 rows; a
     576 × 576 projection 27 µs against 50 µs), so exact decoding costs less than transformers' own one-row
-    ``F.linear``."""
+    ``F.linear``. float32 blocks of 7..64 rows on large weights take the transposed product for speed alone
+    (:data:`FP32_TRANSPOSED_ROWS`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         width = x.shape[-1]
@@ -60,6 +66,12 @@ class RowInvariantLinear(nn.Linear):
                 flat = flat.expand(2, width)
             # contiguous: a row's layout downstream must not depend on how many rows shared the product
             out = (self.weight @ flat.T).T[:rows].contiguous()
+            if self.bias is not None:
+                out = out + self.bias
+            return out.reshape(*x.shape[:-1], self.out_features)
+        if (FP32_TRANSPOSED_ROWS[0] <= rows <= FP32_TRANSPOSED_ROWS[1] and self.weight.numel() >= FP32_TRANSPOSED_WEIGHT
+                and x.dtype == torch.float32 and x.device.type == "cpu"):  # fmt: skip
+            out = (self.weight @ x.reshape(rows, width).T).T.contiguous()
             if self.bias is not None:
                 out = out + self.bias
             return out.reshape(*x.shape[:-1], self.out_features)
