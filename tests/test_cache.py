@@ -230,3 +230,22 @@ def test_row_with_only_padding_in_a_block(arch):
             # Whatever the padded slots hold, it must not leak: every valid slot is finite.
             assert torch.isfinite(layer.keys.transpose(1, 2)[cm.valid]).all()
             assert torch.isfinite(layer.values.transpose(1, 2)[cm.valid]).all()
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_a_forward_without_logits_runs_the_body_and_fills_the_same_cache(hidden):
+    """``logits=False`` (the engine's prefill): no LM head, the final-normed hidden state on request, and the
+    next forward's logits are those after a prefill with logits."""
+    arch = "llama"
+    context, block = tokens(5, 9), tokens(6, 3)
+    plain, bare = CachedModel(model(arch), VOCAB), CachedModel(model(arch), VOCAB)
+    plain.reset(1)
+    bare.reset(1)
+    full = plain.forward(torch.tensor([context]), output_hidden=hidden)
+    body = bare.forward(torch.tensor([context]), output_hidden=hidden, logits=False)
+    assert body.logits is None and full.logits.shape == (1, 9, VOCAB)
+    if hidden:
+        assert torch.equal(body.hidden, full.hidden)
+    else:
+        assert body.hidden is None
+    assert torch.equal(bare.forward(torch.tensor([block])).logits, plain.forward(torch.tensor([block])).logits)

@@ -15,6 +15,7 @@ from specbench.decoding.cache import CachedModel
 from specbench.decoding.model_drafter import ModelDrafter
 from specbench.models import ModelSpec, load_verifier
 from specbench.models.row_invariant import (
+    MAX_TRANSPOSED_ROWS,
     ROWWISE_ATTENTION,
     RowInvariantLinear,
     row_invariant_sdpa,
@@ -79,10 +80,11 @@ def test_values_may_be_wider_than_queries_and_keys():
 
 
 @pytest.mark.parametrize("queries", [2, 3, 4, 7, 8, 11, 17])
-@pytest.mark.parametrize("keys", [30, 257, 1026, 1027, 1029, 1100, 2060])
+@pytest.mark.parametrize("keys", [30, 35, 41, 66, 130, 257, 1026, 1027, 1029, 1100, 2060])
 def test_a_query_in_a_block_gets_the_bits_it_gets_alone(queries, keys):
-    """Keys around 1024 are where the probability-value product's blocking changed with the number of keys
-    (a block of 7 over 1026–1029 keys against its first query alone over 1020–1023 gave other bits)."""
+    """Keys around 1024 are where the probability-value product's blocking changed with the number of keys on AMD
+    EPYC (a block of 7 over 1026–1029 keys against its first query alone over 1020–1023 gave other bits); on
+    Intel Xeon with AMX already a few dozen keys do (a block of 2 over 35 keys against its first query alone)."""
     """Query j of a block of Q (the last Q positions) == the one-query call over keys 0..K-Q+j, bit for bit."""
     q, k, v = _qkv(batch=1, queries=queries, keys=keys, dim=64, seed=keys)
     module = _Attention(3)
@@ -154,19 +156,34 @@ def test_float32_and_long_blocks_keep_sdpa_exactly():
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("in_features", [48, 1536])  # 1536 -> 576: SmolLM2-135M's down projection
-def test_a_single_bf16_row_gets_the_bits_of_a_row_in_a_block(in_features, bias):
+@pytest.mark.parametrize(("in_features", "out_features"), [(48, 576), (1536, 576), (576, 192), (576, 4096)])
+def test_a_single_bf16_row_gets_the_bits_of_a_row_in_a_block(in_features, out_features, bias):
+    """SmolLM2-135M's shapes (1536 -> 576: the down projection; 576 -> 192: k / v; a wide LM-head-like one): a row
+    alone, in blocks of 2..64 rows and in a batch gets the same bits, those of the transposed product."""
     torch.manual_seed(0)
-    layer = nn.Linear(in_features, 576, bias=bias)
-    layer.weight.data = torch.randn(576, in_features) / in_features**0.5
+    layer = nn.Linear(in_features, out_features, bias=bias)
+    layer.weight.data = torch.randn(out_features, in_features) / in_features**0.5
     layer = layer.to(torch.bfloat16)
     layer.__class__ = RowInvariantLinear
-    x = torch.randn(32, in_features).to(torch.bfloat16)
+    x = torch.randn(64, in_features).to(torch.bfloat16)
     block = layer(x)
-    for i in range(32):
+    transposed = (layer.weight @ x.T).T + (layer.bias if bias else 0)
+    assert torch.equal(block, transposed)
+    for rows in (2, 3, 5, 11, 33):
+        assert torch.equal(layer(x[:rows]), block[:rows]), f"{rows} rows"
+    assert torch.equal(layer(x[:12].reshape(4, 3, in_features)), block[:12].reshape(4, 3, out_features))
+    for i in range(0, 64, 7):
         assert torch.equal(layer(x[i : i + 1]), block[i : i + 1]), f"row {i}"
     assert torch.equal(layer(x[3]), block[3])  # 1-D input keeps its shape
-    assert layer(x[None, :1]).shape == (1, 1, 576)
+    assert layer(x[None, :1]).shape == (1, 1, out_features)
+    assert layer(x[None, :1]).is_contiguous()
+
+
+def test_more_bf16_rows_than_the_transposed_product_takes_keep_f_linear():
+    layer = nn.Linear(40, 24).to(torch.bfloat16)
+    layer.__class__ = RowInvariantLinear
+    x = torch.randn(MAX_TRANSPOSED_ROWS + 1, 40).to(torch.bfloat16)
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
 def test_float32_rows_keep_f_linear_exactly():
@@ -294,3 +311,19 @@ def test_the_embedded_pair_in_bf16_decodes_speculatively_as_autoregressively_at_
         batched = engine.generate(prompts)
         assert [r.output_ids for r in batched] == [r.output_ids for r in plain.generate(prompts)], name
         assert sum(r.accepted for result in batched for r in result.rounds) > 0
+
+
+def test_large_float32_blocks_take_the_transposed_product_and_small_ones_f_linear():
+    from specbench.models.row_invariant import FP32_TRANSPOSED_ROWS, FP32_TRANSPOSED_WEIGHT
+
+    torch.manual_seed(0)
+    large = nn.Linear(1536, FP32_TRANSPOSED_WEIGHT // 1536 + 1, bias=True)
+    large.__class__ = RowInvariantLinear
+    low, high = FP32_TRANSPOSED_ROWS
+    for rows in (low, 11, high):
+        x = torch.randn(1, rows, 1536)
+        assert torch.equal(large(x), (large.weight @ x[0].T).T[None] + large.bias)
+        torch.testing.assert_close(large(x), F.linear(x, large.weight, large.bias), rtol=1e-5, atol=1e-5)
+    for rows in (1, low - 1, high + 1):
+        x = torch.randn(rows, 1536)
+        assert torch.equal(large(x), F.linear(x, large.weight, large.bias))

@@ -27,7 +27,8 @@ from specbench.models.taps import record_states
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # (B, W, vocab) float32, sliced to the shared vocabulary (or what ``lm_head`` gives)
+    logits: torch.Tensor | None  # (B, W, vocab) float32, sliced to the shared vocabulary (or what ``lm_head``
+    # gives); None for a forward asked for no logits (a prefill: the body alone runs)
     hidden: torch.Tensor | None  # (B, W, H) last hidden state: the LM head's input (final-normed)
     taps: dict[int, torch.Tensor] = field(
         default_factory=dict
@@ -72,6 +73,7 @@ class CachedModel:
         output_hidden: bool = False,
         output_taps: Sequence[int] = (),
         tree_parents: torch.Tensor | None = None,
+        logits: bool = True,
         **model_inputs: torch.Tensor,
     ) -> ForwardOutput:
         """Append ``input_ids`` (B, W) to the cache; ``input_valid`` marks padding columns as False.
@@ -80,7 +82,9 @@ class CachedModel:
         with these indices (both as defined in :mod:`specbench.models.taps`). ``tree_parents`` (B, W−1):
         the columns are a draft tree over column 0 (:mod:`specbench.decoding.tree`), each attending to the
         cache and its ancestors at position ``cached + depth``. ``model_inputs`` are passed to the model's
-        forward as they are (e.g. per-position features of a drafter head)."""
+        forward as they are (e.g. per-position features of a drafter head). ``logits=False``: run the model's body
+        only (no LM head; what a prefill whose logits nobody reads needs: the LM head over a long prompt costs
+        about as much as the body does)."""
         if input_valid is None:
             input_valid = torch.ones_like(input_ids, dtype=torch.bool)
         if tree_parents is None:
@@ -90,18 +94,17 @@ class CachedModel:
         else:
             positions, attention = self._tree_inputs(tree_parents)
         inputs = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions}
-        with record_states(self.model, output_taps, output_hidden and self.lm_head is None) as states:
-            if self.lm_head is None:
+        whole = self.lm_head is None and logits
+        with record_states(self.model, output_taps, output_hidden and whole) as states:
+            if whole:
                 out = self.model(**inputs, cache=self.cache, use_cache=True, **model_inputs)
-                logits, hidden = out.logits[..., : self.vocab_size], states.last
+                scores, hidden = out.logits[..., : self.vocab_size].float(), states.last
             else:  # the body only: its output is the LM head's input
                 body = self.model.base_model(**inputs, cache=self.cache, use_cache=True, **model_inputs)
                 hidden = body.last_hidden_state
-                logits = self.lm_head(hidden)
+                scores = None if not logits else self.lm_head(hidden).float()
         self.valid = torch.cat([self.valid, input_valid], dim=1)
-        return ForwardOutput(
-            logits=logits.float(), hidden=hidden if output_hidden else None, taps=states.taps
-        )
+        return ForwardOutput(logits=scores, hidden=hidden if output_hidden else None, taps=states.taps)
 
     def _tree_inputs(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Position ids and the 4D attention mask of a tree forward (transformers passes 4D masks as they

@@ -219,8 +219,8 @@ class SpeculativeEngine:
             result.wall_time = elapsed
         return results
 
-    def _verifier_forward(self, tokens, valid, hidden: bool, taps) -> tuple[ForwardOutput, VerifierView]:
-        out = self.verifier.forward(tokens, valid, output_hidden=hidden, output_taps=taps)
+    def _verifier_forward(self, tokens, valid, hidden: bool, taps, logits: bool = True) -> tuple[ForwardOutput, VerifierView]:
+        out = self.verifier.forward(tokens, valid, output_hidden=hidden, output_taps=taps, logits=logits)
         return out, VerifierView(tokens, valid, out.hidden, out.taps)
 
     def _prefill(self, state: BatchState) -> None:
@@ -231,7 +231,8 @@ class SpeculativeEngine:
         view = None
         if context.shape[1] > 0:
             needs = self.drafter_needs
-            _, view = self._verifier_forward(context, context_valid, needs.hidden, needs.taps)
+            # Nobody reads the prefill's logits (the last prompt token goes into the first round): no LM head.
+            _, view = self._verifier_forward(context, context_valid, needs.hidden, needs.taps, logits=False)
             if not needs.any:
                 view = None
         if self.drafter is not None:
