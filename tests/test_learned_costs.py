@@ -108,7 +108,10 @@ class RecordingSchedule(CostAwareSchedule):
 
 @pytest.mark.parametrize("learn_costs", [True, False])
 def test_the_engine_reports_every_rounds_columns_forwards_and_times(learn_costs):
-    drafter = tiny_random_model("llama", seed=1, num_layers=1)
+    from specbench.decoding.model_drafter import ModelDrafter
+
+    model = tiny_random_model("llama", seed=1, num_layers=1)
+    drafter = ModelDrafter(model, model.config.vocab_size)
     schedule = RecordingSchedule(flat_profile(c=0.0, slope=0.0), max_gamma=4, learn_costs=learn_costs)
     result = engine(drafter, schedule=schedule).generate([PROMPTS[1]])[0]
     assert result.output_ids == hf_greedy(PROMPTS[1], 20)

@@ -96,8 +96,7 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
         check_dataset(cfg.dataset)
         check_scoring(cfg.scoring)
         metric = dataset_settings(cfg.dataset).metric or "none"
-        if cfg.train.reward == "auto":  # recorded as what runs (config.yaml, MLflow params)
-            cfg.train.reward = "per_token_gate" if metric == "none" else "task"
+        cfg.train.reward = resolved_reward(cfg)  # auto: recorded as what runs (config.yaml, MLflow params)
         if metric == "none" and cfg.train.reward == "task":
             raise ConfigError(
                 f"dataset.metric: DIVERSED training needs a per-sample reward, but dataset={cfg.dataset.name} "
@@ -210,3 +209,12 @@ def _check_feature_keys(train: dict[str, Any]) -> None:
         raise ConfigError(f"train.feature_top_k must be >= 1 or null, got {train['feature_top_k']}")
     if train["feature_batch_size"] < 1:
         raise ConfigError(f"train.feature_batch_size must be >= 1, got {train['feature_batch_size']}")
+
+
+def resolved_reward(cfg: Any) -> str:
+    """``train.reward``, with ``auto`` resolved as validation does: the dataset's metric where it has one, else
+    ``per_token_gate`` (a config built without :func:`~specbench.config.train_checks.validate_train`)."""
+    reward = str(cfg.train.reward)
+    if reward != "auto":
+        return reward
+    return "per_token_gate" if (dataset_settings(cfg.dataset).metric or "none") == "none" else "task"

@@ -106,13 +106,14 @@ class DiversedSettings:
 
     @classmethod
     def from_config(cls, cfg: Any) -> DiversedSettings:
+        from specbench.config.train_checks import resolved_reward as _reward
         train, gen = cfg.train, cfg.gen
         return cls(
             pool=str(cfg.method.pool), max_new_tokens=int(gen.max_new_tokens),
             rollout_temperature=float(train.rollout_temperature), top_k=int(gen.top_k), top_p=float(gen.top_p),
             rollouts_per_prompt=int(train.rollouts_per_prompt), baseline_ema=float(train.baseline_ema),
             regularizer=str(train.regularizer), regularizer_weight=float(train.regularizer_weight),
-            target_weight=float(train.target_weight), reward=str(train.reward),
+            target_weight=float(train.target_weight), reward=_reward(cfg),
             reward_weight=float(train.reward_weight), lr_start=float(train.lr_start),
             weight_decay=float(train.weight_decay), grad_clip=float(train.grad_clip or 0.0), seed=int(train.seed),
             gamma=int(cfg.schedule.gamma), schedule=str(cfg.schedule.name),
@@ -396,3 +397,4 @@ def build_diversed_training(
 
 
 __all__ = ["BASELINE_KEY", "DiversedModule", "DiversedSettings", "build_diversed_training"]
+
