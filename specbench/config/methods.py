@@ -98,9 +98,7 @@ def overridden_method_keys(cfg: DictConfig) -> set[str]:
         from hydra.core.hydra_config import HydraConfig
 
         overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
-    keys = set()
-    for override in overrides:
-        key = str(override).split("=", 1)[0].lstrip("+~")
-        if key.startswith("method.") and key.count(".") == 1:
-            keys.add(key.split(".", 1)[1])
-    return keys
+    from specbench.tracking.naming import override_key
+
+    keys = (override_key(str(override)) for override in overrides)
+    return {key.split(".", 1)[1] for key in keys if key.startswith("method.") and key.count(".") == 1}

@@ -168,10 +168,11 @@ def eval_command(cfg, method: str, checkpoint: Path) -> str:
 
     from hydra.core.hydra_config import HydraConfig
 
+    from specbench.tracking.naming import override_key
+
     typed = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    kept = [o for o in typed if o.split("=", 1)[0].lstrip("+~").split(".", 1)[0] not in TRAIN_ONLY
-            and o.split("=", 1)[0].lstrip("+~") not in TRAIN_ONLY]  # fmt: skip
-    if not any(o.split("=", 1)[0] in ("method", "experiment") for o in kept):
+    kept = [o for o in typed if not {override_key(o), override_key(o).split(".")[0]} & set(TRAIN_ONLY)]
+    if not any(override_key(o) in ("method", "experiment") for o in kept):
         kept.insert(0, f"method={method}")
     if cfg.dataset.get("subset") == "train":
         kept.append("dataset.subset=heldout")
