@@ -40,9 +40,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 KNOWN_LONG: set[str] = set()
-# Functions over MAX_FUNCTION_LINES, as "path::qualified.name", to be emptied: EvalTask.run is split by the
-# issue-40 work on tasks/eval.py.
-KNOWN_LONG_FUNCTIONS: set[str] = {"specbench/tasks/eval.py::EvalTask.run"}
+# Functions over MAX_FUNCTION_LINES, as "path::qualified.name", to be emptied.
+KNOWN_LONG_FUNCTIONS: set[str] = set()
 
 
 def imported_modules(source: str, package: str) -> set[str]:

@@ -119,8 +119,6 @@ class EvalTask(Task):
 
         from specbench.data.datasets import encode_sample
         from specbench.evaluation import summarize_samples
-        from specbench.models.pair import PairMismatchError
-        from specbench.tasks.method_parts import load_method_parts
 
         cfg, plan, prompts, selected = self.cfg, self.plan, self.prompts, self.selected
         out = output_dir(cfg.eval.output_dir, "eval.output_dir")
@@ -137,30 +135,10 @@ class EvalTask(Task):
         print(f"device {plan.device}, dtype {str(plan.dtype).removeprefix('torch.')} "
               f"(runtime.dtype={cfg.runtime.dtype}{dtype_reason(plan) if cfg.runtime.dtype == 'auto' else ''})")
         started = time.perf_counter()
-        verifier, drafter = self._load_models(plan)
-        try:
-            parts = load_method_parts(plan, verifier, drafter)
-            engine, baseline = _library("build_engines")(
-                verifier, parts.drafter, parts.rule, plan.schedule, plan.settings, baseline=cfg.eval.baseline,
-                steering=parts.steering, profile=_cost_profile(cfg.schedule),
-            )
-        except PairMismatchError as err:
-            raise ConfigError(f"model.drafter does not fit model.verifier: {err}") from err
-        drafter = parts.drafter
+        verifier, drafter, engine, baseline = self._build_engines(plan)
         load_s = time.perf_counter() - started
-        tags = {
-            "specbench.method": plan.method,
-            "specbench.verifier": verifier.name,
-            "specbench.drafter": drafter.name if drafter else "none",
-            "specbench.shard": f"{cfg.eval.shard_id}/{cfg.eval.num_shards}",
-            "specbench.device": str(plan.device),
-            "specbench.dtype": str(plan.dtype).removeprefix("torch."),
-            "specbench.num_threads": str(torch.get_num_threads()),
-        }
         untrained = self._untrained(plan)
-        if untrained:
-            tags["specbench.untrained"] = untrained
-        self.tracker.set_tags(tags)
+        self._tag_run(plan, verifier, drafter, untrained)
         prompt_format = cfg.dataset.prompt_format
         encoded = {i: encode_sample(verifier.tokenizer, prompts[i], prompt_format) for i in selected}
         formats = sorted({fmt for _, fmt in encoded.values()})
@@ -194,6 +172,39 @@ class EvalTask(Task):
         print(format_table(metrics))
         print(f"outputs: {out}")
         return metrics
+
+    def _build_engines(self, plan: RunPlan):
+        """The loaded verifier, the method's drafter (None: autoregressive), its engine and the AR baseline."""
+        from specbench.models.pair import PairMismatchError
+        from specbench.tasks.method_parts import load_method_parts
+
+        verifier, drafter = self._load_models(plan)
+        try:
+            parts = load_method_parts(plan, verifier, drafter)
+            engine, baseline = _library("build_engines")(
+                verifier, parts.drafter, parts.rule, plan.schedule, plan.settings, baseline=self.cfg.eval.baseline,
+                steering=parts.steering, profile=_cost_profile(self.cfg.schedule),
+            )
+        except PairMismatchError as err:
+            raise ConfigError(f"model.drafter does not fit model.verifier: {err}") from err
+        return verifier, parts.drafter, engine, baseline
+
+    def _tag_run(self, plan: RunPlan, verifier, drafter, untrained: str | None) -> None:
+        import torch
+
+        cfg = self.cfg
+        tags = {
+            "specbench.method": plan.method,
+            "specbench.verifier": verifier.name,
+            "specbench.drafter": drafter.name if drafter else "none",
+            "specbench.shard": f"{cfg.eval.shard_id}/{cfg.eval.num_shards}",
+            "specbench.device": str(plan.device),
+            "specbench.dtype": str(plan.dtype).removeprefix("torch."),
+            "specbench.num_threads": str(torch.get_num_threads()),
+        }
+        if untrained:
+            tags["specbench.untrained"] = untrained
+        self.tracker.set_tags(tags)
 
     @staticmethod
     def _untrained(plan: RunPlan) -> str | None:
