@@ -33,12 +33,12 @@ def _raise_as_is() -> bool:
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> Any:
     signals.install()
-    from hydra.utils import instantiate
-
+    from specbench.targets import build_target
     from specbench.tasks.base import run_task
 
     try:
-        task = instantiate(cfg.task, cfg=cfg, _recursive_=False)
+        fields = {k: v for k, v in cfg.task.items() if k != "_target_"}  # the task's own keys (task=report)
+        task = build_target(cfg.task._target_, fields, "task", recursive=False, convert="none", cfg=cfg)
         return run_task(task)  # check(), then run() inside the task's MLflow run (specbench/tracking)
     except (KeyboardInterrupt, SystemExit) as err:  # the MLflow run is closed by now
         signum = signals.received()

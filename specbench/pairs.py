@@ -4,17 +4,19 @@ its verifier. Above the drafters, below the tasks.
 Drafters named in a config (``kind: drafter``): one module + one yaml per drafter.
 
 The yaml names a :class:`~specbench.decoding.protocol.Drafter` subclass, or a factory returning one, by its dotted
-path (``target``) and gives its arguments (``params``)::
+path (``_target_``) and gives its arguments (``params``); it is built the way every configured thing is, by
+:func:`specbench.targets.build_target` (Hydra's ``instantiate``)::
 
     kind: drafter
     name: prompt-lookup
-    target: specbench.drafters.prompt_lookup.PromptLookupDrafter
+    _target_: specbench.drafters.prompt_lookup.PromptLookupDrafter
     params: {max_matching_ngram_size: 2, num_output_tokens: 10}
 
-A target whose signature has ``verifier`` / ``vocab_size`` receives the loaded verifier (a ``LoadedModel``)
-and the vocabulary p and q share. :func:`check_drafter_spec` checks the target and its parameter names before
-any model loads (it imports the target's module), and builds targets that need no verifier once, so their own
-value checks run then too.
+The arguments sit under ``params`` because the node also holds what the framework reads about any drafter
+(``name``, ``default_gamma``, ``tree_width``). A target whose signature has ``verifier`` / ``vocab_size``
+receives the loaded verifier (a ``LoadedModel``) and the vocabulary p and q share. :func:`check_drafter_spec`
+checks the target and its parameter names before any model loads (it imports the target's module), and builds
+targets that need no verifier once, so their own value checks run then too.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from specbench.targets import import_target
+from specbench.targets import accepted_names, build_target, check_target
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -36,38 +38,27 @@ if TYPE_CHECKING:  # pragma: no cover
 INJECTED = ("verifier", "vocab_size")
 
 
-def _signature(factory: Callable[..., Any]) -> inspect.Signature:
-    return inspect.signature(factory.__init__ if inspect.isclass(factory) else factory)
-
-
 def is_deterministic(factory: Callable[..., Any]) -> bool:
     """Whether the drafter proposes without a distribution q (a class attribute; factories: False)."""
     return bool(getattr(factory, "deterministic", False)) if inspect.isclass(factory) else False
 
 
 def check_drafter_spec(target: str, params: dict[str, Any], key: str = "model.drafter") -> Callable[..., Any]:
-    """The target of a ``kind: drafter`` spec, with its parameter names (and, when it needs no verifier, its
-    values) checked; raises ValueError naming ``<key>.params.<name>`` or the target."""
+    """The ``_target_`` of a ``kind: drafter`` spec, with its parameter names (and, when it needs no
+    verifier, its values) checked; raises ValueError naming ``<key>.params`` or ``<key>._target_``."""
     from specbench.decoding.protocol import Drafter  # torch loads here, not when config validation starts
 
-    factory = import_target(target, f"{key}.target")
+    factory = check_target(target, params, key, INJECTED, f"{key}.params")
     if inspect.isclass(factory) and not issubclass(factory, Drafter):
         raise ValueError(
-            f"{key}.target={target!r} is not a specbench Drafter (specbench.decoding.protocol.Drafter)"
+            f"{key}._target_={target!r} is not a specbench Drafter (specbench.decoding.protocol.Drafter)"
         )
-    parameters = _signature(factory).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    accepted = [name for name in parameters if name not in ("self", *INJECTED)]
-    unknown = [name for name in params if name in INJECTED or (name not in accepted and not takes_any)]
-    if unknown:
-        raise ValueError(
-            f"{key}.params: {target} takes no parameter {unknown[0]!r}; allowed: {accepted}"
-        )
-    if not any(name in parameters for name in INJECTED):
+    if not any(name in accepted_names(factory)[0] for name in INJECTED):
         try:
-            factory(**params)
+            build_target(target, params, key, f"{key}.params")
         except (TypeError, ValueError) as err:
-            raise ValueError(f"{key}.params: {' '.join(str(err).split())}") from err
+            message = " ".join(str(err).split())
+            raise ValueError(message if message.startswith(key) else f"{key}.params: {message}") from err
     return factory
 
 
@@ -75,14 +66,9 @@ def build_drafter(
     target: str, params: dict[str, Any], verifier: Any, vocab_size: int, name: str | None = None
 ):
     """The drafter a ``kind: drafter`` spec describes, for this verifier and shared vocabulary."""
-    factory = import_target(target)
-    parameters = _signature(factory).parameters
-    kwargs = dict(params)
-    if "verifier" in parameters:
-        kwargs["verifier"] = verifier
-    if "vocab_size" in parameters:
-        kwargs["vocab_size"] = vocab_size
-    drafter = factory(**kwargs)
+    drafter = build_target(
+        target, params, "model.drafter", "model.drafter.params", verifier=verifier, vocab_size=vocab_size
+    )
     if name:
         drafter.name = name
     return drafter
@@ -103,5 +89,5 @@ def load_drafter(
 
     if spec.kind == "drafter":
         vocab = verifier_vocab_size(verifier.model, verifier.tokenizer)
-        return build_drafter(spec.target, dict(spec.params or {}), verifier, vocab, spec.name or None)
+        return build_drafter(spec._target_, dict(spec.params or {}), verifier, vocab, spec.name or None)
     return loading.load_drafter(spec, verifier, device, dtype, placement)

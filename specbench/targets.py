@@ -1,13 +1,22 @@
-"""Dotted paths to objects: what a config's ``target:`` names (a drafter class, a verification rule)."""
+"""How everything named in config is built: a ``_target_`` (the dotted path of a class or factory) and its
+keyword arguments, through Hydra's ``instantiate`` — tasks, drafters, verification rules and schedules alike
+(docs/architecture.md, "How things are built from config").
+
+:func:`check_target` imports the target and checks the argument names against its signature before any
+model loads; :func:`build_target` calls it. Objects only the run has (the loaded verifier, the shared
+vocabulary size, the whole config) are *injected*: passed to the targets whose signature takes them, never
+written in config. A ``_target_`` nested in the arguments is built too (Hydra's recursive instantiate).
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
-def import_target(path: str, key: str = "model.drafter.target") -> Callable[..., Any]:
+def import_target(path: str, key: str = "model.drafter._target_") -> Callable[..., Any]:
     """The object ``path`` (``package.module.Name``) names; ValueError naming ``key`` when it does not import."""
     module_name, _, attribute = str(path or "").rpartition(".")
     if not module_name:
@@ -22,3 +31,63 @@ def import_target(path: str, key: str = "model.drafter.target") -> Callable[...,
         return getattr(module, attribute)
     except AttributeError:
         raise ValueError(f"{key}={path!r}: {module_name!r} has no {attribute!r}") from None
+
+
+def signature_of(factory: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(factory.__init__ if inspect.isclass(factory) else factory)
+
+
+def accepted_names(factory: Callable[..., Any]) -> tuple[list[str], bool]:
+    """The keyword names ``factory`` takes (``self`` left out), and whether it takes any (``**kwargs``)."""
+    parameters = signature_of(factory).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return [name for name in parameters if name != "self"], takes_any
+
+
+def check_target(
+    target: str, kwargs: Mapping[str, Any], key: str, injected: Iterable[str] = (), params_key: str | None = None
+) -> Callable[..., Any]:
+    """The object ``target`` names, with the names in ``kwargs`` checked against its signature.
+
+    ``key`` names the config node (errors say ``<key>._target_``); ``params_key`` the node holding the
+    arguments (default ``key``). A name in ``injected`` may not be set in config: the run passes it.
+    """
+    factory = import_target(target, f"{key}._target_")
+    accepted, takes_any = accepted_names(factory)
+    allowed = [name for name in accepted if name not in injected]
+    unknown = [name for name in kwargs if name in injected or (name not in accepted and not takes_any)]
+    if unknown:
+        raise ValueError(f"{params_key or key}: {target} takes no parameter {unknown[0]!r}; allowed: {allowed}")
+    return factory
+
+
+def build_target(
+    target: str,
+    kwargs: Mapping[str, Any],
+    key: str,
+    params_key: str | None = None,
+    recursive: bool = True,
+    convert: str = "all",
+    **injected: Any,
+) -> Any:
+    """``target(**kwargs, **injected)`` through Hydra's ``instantiate`` (nested ``_target_``s built too unless
+    ``recursive`` is false; containers passed as plain dicts and lists unless ``convert`` is "none"). Only the injected objects the target's
+    signature takes are passed. What the target raises is raised as it is (Hydra's wrapper taken off), except
+    a TypeError (arguments it refuses), which becomes a ValueError naming ``params_key`` (default ``key``)."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    factory = check_target(target, kwargs, key, injected, params_key)
+    accepted, takes_any = accepted_names(factory)
+    passed = {name: value for name, value in injected.items() if takes_any or name in accepted}
+    node = {"_target_": target, **dict(kwargs)}
+    try:
+        return instantiate(node, _convert_=convert, _recursive_=recursive, **passed)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, TypeError):  # arguments the target refuses: a config error
+            message = f"{params_key or key}: {target}: {' '.join(str(cause).split())}"
+            raise ValueError(message) from cause  # noqa: TRY004
+        if cause is not None:
+            raise cause from None
+        raise ValueError(f"{params_key or key}: {' '.join(str(err).split())}") from err

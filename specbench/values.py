@@ -13,6 +13,9 @@ from typing import Any
 
 SCHEDULES = ("constant", "heuristic", "dynamic", "cost_aware")
 # The defaults of the schedule and generation settings, for the config schema and the library classes alike.
+# The built-in schedules' class (schedule._target_); another _target_ is a schedule from outside, built with
+# schedule.params.
+DRAFT_SCHEDULE = "specbench.decoding.schedules.DraftSchedule"
 SCHEDULE_DEFAULTS = {
     "name": "constant", "gamma": 3, "max_gamma": 16, "confidence_threshold": 0.4, "learn_costs": True,
 }  # fmt: skip

@@ -38,7 +38,7 @@ def test_the_card_holds_the_four_commands():
 def test_train_diversed_takes_its_defaults_from_the_method_and_the_user_still_wins():
     cfg = compose_config(TRAIN)
     plan = validate_train(cfg)
-    assert plan.drafter.target.startswith("specbench.drafters.eagle3")  # a drafter with hidden states
+    assert plan.drafter._target_.startswith("specbench.drafters.eagle3")  # a drafter with hidden states
     assert cfg.train.reward == "per_token_gate"  # auto: dataset=demo has no metric, so no references needed
     assert cfg.train.max_steps <= 20  # CPU-sized
     chosen = compose_config(

@@ -236,7 +236,7 @@ def test_the_config_spec_and_a_missing_path(verifier):
 
     cfg = compose_config(["model/drafter=dflash"])
     spec = cfg.model.drafter
-    factory = check_drafter_spec(spec.target, dict(spec.params))
+    factory = check_drafter_spec(spec._target_, dict(spec.params))
     with pytest.raises(ValueError, match="model.drafter.params.path is null"):
         factory(path=None, verifier=verifier, vocab_size=VOCAB)
 

@@ -183,7 +183,7 @@ def test_preset_composes_with_one_override_and_validates(name, tmp_path):
             (tmp_path / "synth").mkdir()
             train = ["model/verifier=tiny-random", "task=train", f"train.data={tmp_path / 'synth'}"]
             plan = validate_train(compose_config([f"experiment={name}", *train]))
-            assert plan.method == expected["method"] and plan.drafter.target.endswith(
+            assert plan.method == expected["method"] and plan.drafter._target_.endswith(
                 f"{plan.method}_drafter"
             )
             return

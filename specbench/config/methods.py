@@ -23,7 +23,7 @@ from specbench.errors import ConfigError
 from specbench.method_names import ALL_METHODS, METHOD_ALIASES, METHOD_PARAMS, unread_param_error
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-NOT_PARAMS = ("name", "alias", "target", "params")
+NOT_PARAMS = ("name", "alias", "_target_", "params", "target")
 
 
 class UnknownMethodError(ValueError):
@@ -59,7 +59,12 @@ def normalize_method(cfg: DictConfig) -> tuple[str, str | None]:
     """Rewrite ``cfg.method`` into its canonical form (see the module doc); returns (canonical, alias)."""
     node = cfg.method
     requested = str(node.name)
-    if node.get("target"):  # a rule named by its class (conf/method/<name>.yaml with target + params)
+    if node.get("target"):
+        raise ConfigError(
+            f"method.target is spelled method._target_ now (Hydra's convention, as for tasks, drafters and "
+            f"schedules): write `_target_: {node.target}` in the yaml, or method._target_={node.target}"
+        )
+    if node.get("_target_"):  # a rule named by its class (conf/method/<name>.yaml with _target_ + params)
         node.alias = None
         return requested, None
     canonical = canonical_name(requested)

@@ -22,9 +22,16 @@ VERIFIER_KINDS = ("hub", "local", "embedded", "tiny_random")
 def model_spec(node: DictConfig, key: str, tp_plan: str | None = None) -> ModelSpec:
     from specbench.models.sharding import Placement
 
-    if OmegaConf.is_missing(node, "kind"):
+    if node.get("target"):
+        raise ConfigError(
+            f"{key}.target is spelled {key}._target_ now (Hydra's convention, as for tasks, rules and "
+            f"schedules): write `_target_: {node.target}` in the yaml, or {key}._target_={node.target}"
+        )
+    if OmegaConf.is_missing(node, "kind") and not node.get("_target_"):
         raise ConfigError(f"{key}.kind is required; allowed: {list(KINDS)}")
     fields = OmegaConf.to_container(node, resolve=True)
+    if fields.get("_target_") and fields.get("kind") in (None, "???"):
+        node.kind = fields["kind"] = "drafter"  # a _target_ without a kind: a drafter built from config
     if fields.get("kind") not in KINDS:
         raise ConfigError(f"{key}.kind: unknown kind {fields.get('kind')!r}; allowed: {list(KINDS)}")
     spec = checked(key, ModelSpec, **fields)
@@ -83,23 +90,23 @@ def check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str, 
 
     if method in MODEL_DRAFTER_METHODS:
         raise ConfigError(
-            f"method={method} trains or steers a transformers-model drafter; model.drafter.target="
-            f"{drafter.target!r} is not one (pick e.g. model/drafter=early-exit)"
+            f"method={method} trains or steers a transformers-model drafter; model.drafter._target_="
+            f"{drafter._target_!r} is not one (pick e.g. model/drafter=early-exit)"
         )
-    if method == "eagle3" and not str(drafter.target).startswith("specbench.drafters.eagle3"):
+    if method == "eagle3" and not str(drafter._target_).startswith("specbench.drafters.eagle3"):
         raise ConfigError("method=eagle3 decodes with an EAGLE-3 head: add model/drafter=eagle3")
-    if method == "dflash" and not str(drafter.target).startswith(DFLASH_TARGET):
+    if method == "dflash" and not str(drafter._target_).startswith(DFLASH_TARGET):
         raise ConfigError("method=dflash decodes with a DFlash drafter: add model/drafter=dflash")
     params = dict(drafter.params or {})
-    if str(drafter.target).startswith(DFLASH_TARGET):
+    if str(drafter._target_).startswith(DFLASH_TARGET):
         _check_dflash_path(params.get("path"))
-    if str(drafter.target).startswith("specbench.drafters.eagle3") and not params.get("path"):
+    if str(drafter._target_).startswith("specbench.drafters.eagle3") and not params.get("path"):
         raise ConfigError(
             "model.drafter.params.path is null: pass the trained.pt of `task=train method=eagle3`, an EAGLE / "
             "SpecForge checkpoint directory or a hub id (the head to decode with; the embedded verifier's committed head: "
             "model/drafter=eagle3-smollm2)"
         )
-    if str(drafter.target).startswith("specbench.drafters.eagle3"):
+    if str(drafter._target_).startswith("specbench.drafters.eagle3"):
         from specbench.drafters.eagle3_format import looks_like_file, resolve_head_path
 
         head = resolve_head_path(params["path"])
@@ -109,24 +116,24 @@ def check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str, 
                 "method=eagle3`, relative to the working directory or the project root)"
             )
     check_drafter_tree_width(params.get("tree_width", 1), method, method_cfg, "model.drafter.params.tree_width")
-    factory = checked("model.drafter", check_drafter_spec, drafter.target, params)
+    factory = checked("model.drafter", check_drafter_spec, drafter._target_, params)
     if method == "diversed" and is_deterministic(factory):
         raise ConfigError(
             f"method=diversed pools the drafter's distribution q and reads its hidden states, but "
-            f"model.drafter.target={drafter.target!r} proposes tokens without either; use a model drafter or an "
+            f"model.drafter._target_={drafter._target_!r} proposes tokens without either; use a model drafter or an "
             "EAGLE-3 head (model/drafter=eagle3-smollm2)"
         )
-    if is_deterministic(factory) and (method in METHODS or method_cfg.get("target")) and method != "auto":
+    if is_deterministic(factory) and (method in METHODS or method_cfg.get("_target_")) and method != "auto":
         from specbench.decoding.methods import build_rule, build_target_rule
 
         rule = (
-            checked("method", build_target_rule, method_cfg["target"], method_cfg.get("params"))
-            if method_cfg.get("target")
+            checked("method", build_target_rule, method_cfg["_target_"], method_cfg.get("params"))
+            if method_cfg.get("_target_")
             else checked("method", build_rule, method, **method_cfg)
         )
         if not rule.accepts_deterministic:
             raise ConfigError(
-                f"method={method} needs the drafter's distribution q, but model.drafter.target={drafter.target!r} "
+                f"method={method} needs the drafter's distribution q, but model.drafter._target_={drafter._target_!r} "
                 "proposes tokens without one; use method=sd, block, lossy, typical or fly, or a model drafter"
             )
 
@@ -156,7 +163,7 @@ EXACT_RULE_METHODS = ("sd", "sd2", "distill", "eagle3", "dflash")
 
 def check_drafter_tree_width(width: Any, method: str, method_cfg: dict[str, Any], key: str) -> None:
     checked(key, values.check_tree_width, width, key)
-    if width > 1 and (method not in (*EXACT_RULE_METHODS, "auto") or method_cfg.get("target")):
+    if width > 1 and (method not in (*EXACT_RULE_METHODS, "auto") or method_cfg.get("_target_")):
         raise ConfigError(
             f"{key}={width}: trees of drafts are verified by the exact sd rule only, not method={method}; use "
             "method=sd, or tree_width=1 for a chain"

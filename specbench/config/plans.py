@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from specbench.config.checks import checked
+from specbench.config.schedule_checks import schedule_arguments
 from specbench.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -65,20 +66,23 @@ class RunPlan(_OnDevice):
             return VerificationRule()
         if self.method == "diversed":
             return None
-        if self.rule_params.get("target"):
+        if self.rule_params.get("_target_"):
             from specbench.decoding.methods import build_target_rule
 
-            return checked("method", build_target_rule, self.rule_params["target"], self.rule_params["params"])
+            return checked("method", build_target_rule, self.rule_params["_target_"], self.rule_params["params"])
         from specbench.decoding.methods import build_rule
 
         return checked("method", build_rule, self.method, **self.rule_params)
 
     @cached_property
     def schedule(self) -> DraftSchedule:
-        from specbench.decoding.schedules import DraftSchedule
+        """``schedule._target_`` built (:func:`specbench.targets.build_target`): DraftSchedule with the
+        group's keys (``cost_aware`` is priced into a CostAwareSchedule once the models load), a schedule from
+        outside with ``schedule.params``."""
+        from specbench.targets import build_target
 
-        params = {k: v for k, v in self.schedule_params.items() if k != "profile"}
-        return checked("schedule", DraftSchedule, **params)
+        target, kwargs = schedule_arguments(self.schedule_params)
+        return checked("schedule", build_target, target, kwargs, "schedule", "schedule.params")
 
     @cached_property
     def settings(self) -> GenerationSettings:

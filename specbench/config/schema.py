@@ -9,7 +9,7 @@ from omegaconf import MISSING
 
 from specbench.method_names import all_params
 from specbench.models.spec import ModelSpec
-from specbench.values import GENERATION_DEFAULTS, SCHEDULE_DEFAULTS
+from specbench.values import DRAFT_SCHEDULE, GENERATION_DEFAULTS, SCHEDULE_DEFAULTS
 
 
 @dataclass
@@ -49,7 +49,7 @@ class ModelPairConfig:
 
 def _method_config() -> type:
     """The ``method`` group's schema, derived from the method table (specbench/method_names.py): ``name``,
-    ``alias``, every parameter of the table (``None``: the method's default), ``target`` + ``params``.
+    ``alias``, every parameter of the table (``None``: the method's default), ``_target_`` + ``params``.
 
     ``None`` means "the method's default" (``conf/method/<name>.yaml``): validation fills it in, refuses a
     parameter set for a method that does not read it, clears the ones a renamed method left behind, and
@@ -63,9 +63,10 @@ def _method_config() -> type:
     ]
     fields += [(param.name, Optional[param.kind], None) for param in all_params()]  # noqa: UP045
     fields += [
-        # a rule from outside the table: dotted path of a VerificationRule subclass
-        ("target", Optional[str], None),  # noqa: UP045
-        ("params", dict[str, Any], field(default_factory=dict)),  # its constructor arguments (with ``target``)
+        # a rule from outside the table: dotted path of a VerificationRule subclass (specbench.targets)
+        ("_target_", Optional[str], None),  # noqa: UP045
+        ("params", dict[str, Any], field(default_factory=dict)),  # its constructor arguments (with ``_target_``)
+        ("target", Optional[str], None),  # noqa: UP045 (the old spelling of ``_target_``: refused, new one named)
     ]
     config = make_dataclass("MethodConfig", fields)
     config.__doc__ = _method_config.__doc__
@@ -91,14 +92,17 @@ class SteeringConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Draft-length schedule (methods.md §3.1)."""
+    """Draft-length schedule (methods.md §3.1): ``_target_`` the class (built-in: DraftSchedule, built with the
+    keys below; from outside: a class with DraftSchedule's methods, built with ``params``)."""
 
+    _target_: str = DRAFT_SCHEDULE
     name: str = SCHEDULE_DEFAULTS["name"]
     gamma: int = SCHEDULE_DEFAULTS["gamma"]
     max_gamma: int = SCHEDULE_DEFAULTS["max_gamma"]
     confidence_threshold: float = SCHEDULE_DEFAULTS["confidence_threshold"]
     profile: str | None = None  # cost_aware: a task=profile file (null: measured when the run starts)
     learn_costs: bool = SCHEDULE_DEFAULTS["learn_costs"]  # cost_aware: re-estimate costs from the run's rounds
+    params: dict[str, Any] = field(default_factory=dict)  # a schedule from outside: its constructor arguments
 
 
 @dataclass

@@ -125,15 +125,15 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
         check_plugin_drafter(drafter, method, OmegaConf.to_container(cfg.method, resolve=True))
     elif method not in ("eagle3", "dflash") and drafter.kind == "drafter":
         raise ConfigError(
-            f"task=train method={method} trains a transformers-model drafter; model.drafter.target="
-            f"{drafter.target!r} is not one (pick e.g. model/drafter=early-exit)"
+            f"task=train method={method} trains a transformers-model drafter; model.drafter._target_="
+            f"{drafter._target_!r} is not one (pick e.g. model/drafter=early-exit)"
         )
     return TrainPlan(method, verifier, drafter, device, dtype, data, alias=alias)
 
 
 def _check_eagle3_training(cfg: DictConfig, train: dict[str, Any]) -> None:
     drafter = cfg.model.drafter
-    if drafter.kind != "drafter" or not str(drafter.get("target")).startswith("specbench.drafters.eagle3"):
+    if drafter.kind != "drafter" or not str(drafter.get("_target_")).startswith("specbench.drafters.eagle3"):
         raise ConfigError("task=train method=eagle3 trains an EAGLE-3 head: add model/drafter=eagle3")
     if (drafter.get("params") or {}).get("path"):
         raise ConfigError(
@@ -169,7 +169,7 @@ def _check_eagle3_training(cfg: DictConfig, train: dict[str, Any]) -> None:
 
 def _check_dflash_training(cfg: DictConfig, train: dict[str, Any]) -> None:
     drafter = cfg.model.drafter
-    if drafter.kind != "drafter" or not str(drafter.get("target")).startswith("specbench.drafters.dflash"):
+    if drafter.kind != "drafter" or not str(drafter.get("_target_")).startswith("specbench.drafters.dflash"):
         raise ConfigError("task=train method=dflash trains a DFlash drafter: add model/drafter=dflash")
     if (drafter.get("params") or {}).get("path"):
         raise ConfigError(

@@ -34,6 +34,7 @@ from specbench.config.model_checks import (
     verifier_spec,
 )
 from specbench.config.plans import RunPlan
+from specbench.config.schedule_checks import check_schedule_config
 from specbench.config.steering_checks import (
     TRAINED_METHODS,
     adopt_checkpoint_steering,
@@ -61,16 +62,16 @@ def validate(cfg: DictConfig) -> RunPlan:
     method_cfg = {k: v for k, v in method_node.items() if k not in ("name", "alias")}
     steering = check_steering(cfg.steering)
     checkpoint = None
-    if method_cfg.get("target"):
+    if method_cfg.get("_target_"):
         from specbench.decoding.methods import build_target_rule  # imports torch, as a plugin drafter does
 
-        checked("method", build_target_rule, method_cfg["target"], method_cfg.get("params"))
+        checked("method", build_target_rule, method_cfg["_target_"], method_cfg.get("params"))
     elif method in TRAINED_METHODS:
         checkpoint = check_trained_method(method, method_cfg, steering, cfg)
     elif method in METHODS:
         checked("method", check_rule_params, method, method_cfg)
     schedule = OmegaConf.to_container(cfg.schedule, resolve=True)
-    checked("schedule", values.check_schedule, **schedule)
+    schedule["name"] = cfg.schedule.name = check_schedule_config(schedule)  # recorded: what runs
     gen = OmegaConf.to_container(cfg.gen, resolve=True)
     batch_size = gen.pop("batch_size")
     if batch_size < 1:

@@ -187,7 +187,7 @@ def load_drafter(
         return None
     if spec.kind == "drafter":
         raise ValueError(
-            f"model/drafter: kind='drafter' names a Drafter class ({spec.target!r}); build it with "
+            f"model/drafter: kind='drafter' names a Drafter class ({spec._target_!r}); build it with "
             "specbench.pairs.load_drafter"
         )
     wants_vocab = spec.draft_vocab_size is not None or spec.draft_vocab is not None

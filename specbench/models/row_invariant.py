@@ -63,7 +63,7 @@ class RowInvariantLinear(nn.Linear):
         if 1 <= rows <= MAX_TRANSPOSED_ROWS and x.dtype in REDUCED and x.device.type == "cpu":
             flat = x.reshape(rows, width)
             if rows == 1:
-                flat = flat.expand(2, width)
+                flat = flat.repeat(2, 1)  # two real rows: an expanded (stride-0) copy took the one-row path
             # contiguous: a row's layout downstream must not depend on how many rows shared the product
             out = (self.weight @ flat.T).T[:rows].contiguous()
             if self.bias is not None:

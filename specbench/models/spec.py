@@ -7,8 +7,8 @@ from typing import Any
 
 from specbench.models.embedded import EMBEDDED_NAME
 
-# ``drafter``: a drafter that is not (only) a transformers model — a class or factory named by ``target``
-# (e.g. specbench.drafters.prompt_lookup.PromptLookupDrafter), built with ``params``.
+# ``drafter``: a drafter that is not (only) a transformers model — a class or factory named by ``_target_``
+# (e.g. specbench.drafters.prompt_lookup.PromptLookupDrafter), built with ``params`` (specbench.targets).
 KINDS = ("hub", "local", "embedded", "tiny_random", "early_exit", "drafter", "none")
 # The kinds a drafter may be as a transformers model (a ModelDrafter), which a reduced draft vocabulary fits.
 MODEL_KINDS = ("hub", "local", "embedded", "tiny_random", "early_exit")
@@ -28,10 +28,12 @@ class ModelSpec:
     vocab_size: int = 320
     seed: int = 0
     trust_remote_code: bool = False
-    # kind=drafter: the dotted path of a Drafter class (or a factory returning one) and its arguments. A
-    # factory that takes ``verifier`` / ``vocab_size`` receives the loaded verifier and the shared vocabulary.
-    target: str | None = None
+    # kind=drafter: the dotted path of a Drafter class (or a factory returning one) and its arguments, built
+    # by Hydra's instantiate (specbench.targets.build_target). A factory that takes ``verifier`` /
+    # ``vocab_size`` receives the loaded verifier and the shared vocabulary.
+    _target_: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    target: str | None = None  # the old spelling of ``_target_``: refused with the new one named
     # Where the weights go (specbench.models.sharding): accelerate's device_map (auto, balanced, a dict),
     # its max_memory, and the folder for weights offloaded to disk.
     device_map: Any = None
