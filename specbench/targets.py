@@ -71,8 +71,8 @@ def build_target(
     **injected: Any,
 ) -> Any:
     """``target(**kwargs, **injected)`` through Hydra's ``instantiate`` (nested ``_target_``s built too unless
-    ``recursive`` is false; containers passed as plain dicts and lists unless ``convert`` is "none"). Only the injected objects the target's
-    signature takes are passed. What the target raises is raised as it is (Hydra's wrapper taken off), except
+    ``recursive`` is false; containers passed as plain dicts and lists unless ``convert`` is "none"). Only the
+    injected objects the target's signature takes are passed. What the target raises is raised as it is (Hydra's wrapper taken off), except
     a TypeError (arguments it refuses), which becomes a ValueError naming ``params_key`` (default ``key``)."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
@@ -82,12 +82,23 @@ def build_target(
     passed = {name: value for name, value in injected.items() if takes_any or name in accepted}
     node = {"_target_": target, **dict(kwargs)}
     try:
-        return instantiate(node, _convert_=convert, _recursive_=recursive, **passed)
+        # Run objects go to the partial Hydra returns, never through instantiate: OmegaConf would copy a
+        # dataclass (the loaded verifier) into a config node, resolving its annotations on the way.
+        partial = instantiate(node, _convert_=convert, _recursive_=recursive, _partial_=True)
     except InstantiationException as err:
-        cause = err.__cause__
-        if isinstance(cause, TypeError):  # arguments the target refuses: a config error
-            message = f"{params_key or key}: {target}: {' '.join(str(cause).split())}"
-            raise ValueError(message) from cause  # noqa: TRY004
-        if cause is not None:
-            raise cause from None
-        raise ValueError(f"{params_key or key}: {' '.join(str(err).split())}") from err
+        raise _config_error(err, target, params_key or key) from None
+    try:
+        return partial(**passed)
+    except TypeError as err:  # arguments the target refuses: a config error
+        message = f"{params_key or key}: {target}: {' '.join(str(err).split())}"
+        raise ValueError(message) from err
+
+
+def _config_error(err: Exception, target: str, key: str) -> Exception:
+    """Hydra's InstantiationException as the error the user can act on."""
+    cause = err.__cause__
+    if isinstance(cause, TypeError):
+        return ValueError(f"{key}: {target}: {' '.join(str(cause).split())}")
+    if cause is not None:
+        return cause
+    return ValueError(f"{key}: {' '.join(str(err).split())}")
