@@ -56,27 +56,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a DIVERSED head (trained.pt) for this pair; repeatable")
     parser.add_argument("--eagle", default=str(DEFAULT_HEAD), help="the EAGLE-3 drafter head")
     parser.add_argument("--tasks", default="mt_bench,translation,qa,math_reasoning",
-                        help="Spec-Bench tasks (summarization and rag have long prompts: slow prefill on CPU)")
+                        help="Spec-Bench tasks (summarization and rag have long prompts: "
+                        "slow prefill on CPU)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--weights", default="0.1,0.2,0.3,0.5,0.7,0.9", help="static-ensemble draft weights")
     parser.add_argument("--lenience", default="0.5", help="lossy rule lenience values (comma list)")
     parser.add_argument("--cascade-alpha", default="0.3", help="speculative cascade (chow) alpha values")
     parser.add_argument("--fly", action=argparse.BooleanOptionalAction, default=True, help="include FLy")
     parser.add_argument("--gated", default="4,8",
-                        help="strengths λ of the per-token likelihood gate (the head's objective solved per token)")
+                        help="strengths λ of the per-token likelihood gate "
+                        "(the head's objective solved per token)")
     parser.add_argument("--gamma", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting new methods after this")
     parser.add_argument("--json", help="write (and with --resume, read) the per-question figures here")
-    parser.add_argument("--resume", action="store_true", help="continue with the seeds --json does not hold yet")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue with the seeds --json does not hold yet")
     parser.add_argument("--plot", help="write the two-panel plot (PNG) here")
     parser.add_argument("--replot", nargs="+", metavar="JSON",
-                        help="decode nothing: draw --plot from the rows of these --json files (same questions and "
-                        "seeds; a method in several is taken from the last)")
-    parser.add_argument("--reuse", help="a --json of an earlier run on the same questions, seeds, γ and length: "
-                        "its methods (all but auto) are taken from it, not decoded again (the engine is "
-                        "deterministic, so they would be token-identical); their speed is the earlier run's")
+                        help="decode nothing: draw --plot from the rows of these --json files (same "
+                        "questions and seeds; a method in several is taken from the last)")
+    parser.add_argument("--reuse", help="a --json of an earlier run on the same questions, seeds, γ and "
+                        "length: its methods (all but auto) are taken from it, not decoded again (the "
+                        "engine is deterministic, so they would be token-identical); their speed is the "
+                        "earlier run's")
     return parser.parse_args(argv)
 
 
@@ -115,7 +119,9 @@ def curve_gap(rows: dict[str, dict], static: list[str], name: str, key: str, res
     point = gap(list(range(n)))
     if point is None:
         return None
-    samples = sorted(g for g in (gap([rng.randrange(n) for _ in range(n)]) for _ in range(resamples)) if g is not None)
+    samples = sorted(
+        g for g in (gap([rng.randrange(n) for _ in range(n)]) for _ in range(resamples)) if g is not None
+    )
     return point, samples[int(0.025 * len(samples))], samples[int(0.975 * len(samples)) - 1]
 
 
@@ -158,7 +164,10 @@ def methods(args, verifier, drafter) -> list[tuple[str, object | None, dict]]:
     from specbench.decoding.diversed import load_diversed_rule
     from specbench.decoding.fly import FlyRule
 
-    chosen: list[tuple[str, object | None, dict]] = [("auto", None, {}), ("sd", VerificationRule(), {"w": 0.0})]
+    chosen: list[tuple[str, object | None, dict]] = [
+        ("auto", None, {}),
+        ("sd", VerificationRule(), {"w": 0.0}),
+    ]
     for w in (float(x) for x in args.weights.split(",") if x):
         chosen.append((f"static w={w:g}", EnsembleRule(w, "linear"), {"w": w}))
     for lenience in (float(x) for x in args.lenience.split(",") if x):
@@ -184,7 +193,9 @@ def reusable(args, questions: list[dict], seeds: list[int]) -> dict[str, dict]:
                 "max_new_tokens": args.max_new_tokens, "eagle": args.eagle}  # fmt: skip
     differ = [key for key, value in expected.items() if saved.get(key) != value]
     if differ:
-        raise SystemExit(f"--reuse {args.reuse}: it measured other {', '.join(differ)}; rerun those methods instead")
+        raise SystemExit(
+            f"--reuse {args.reuse}: it measured other {', '.join(differ)}; rerun those methods instead"
+        )
     return {name: raw for name, raw in saved["raw"].items() if raw["seeds"] == seeds}
 
 
@@ -199,9 +210,11 @@ def decode(engine, ids: list[list[int]], batch_size: int):
 
 def new_raw(count: int) -> dict:
     """Per-method accumulators: per question, one value per seed; pooled counts for acceptance / τ / speed."""
-    return {"per_seed": {key: [[] for _ in range(count)] for key in ("verifier_logp", "rouge_l", "acceptance")},
-            "drafted": 0, "accepted": 0, "emitted": 0, "forwards": 0, "tokens": 0, "wall": 0.0, "weights": [],
-            "seeds": []}  # fmt: skip
+    return {
+        "per_seed": {key: [[] for _ in range(count)] for key in ("verifier_logp", "rouge_l", "acceptance")},
+        "drafted": 0, "accepted": 0, "emitted": 0, "forwards": 0, "tokens": 0, "wall": 0.0, "weights": [],
+        "seeds": [],
+    }  # fmt: skip
 
 
 def record(raw: dict, first: int, results, wall: float, texts: list[str], greedy_texts: list[str]) -> None:
@@ -233,7 +246,8 @@ def measure_seed(seed, chosen, raws, verifier, drafter_factory, ids, greedy_text
     engines = {}
     for name, rule, _ in chosen:
         engines[name], _ = build_engines(verifier, drafter_factory() if rule is not None else None, rule,
-                                         DraftSchedule("constant", gamma=args.gamma), settings, baseline=False)  # fmt: skip
+                                         DraftSchedule("constant", gamma=args.gamma), settings,
+                                         baseline=False)  # fmt: skip
     names = [name for name, _, _ in chosen]
     for b, first in enumerate(range(0, len(ids), args.batch_size)):
         batch = ids[first : first + args.batch_size]
@@ -263,7 +277,8 @@ def summarize(rows: dict[str, dict], resamples: int) -> None:
             row[f"{key}_ci"] = bootstrap_interval(values, resamples)
     auto = rows["auto"]["tokens_per_s"]
     for row in rows.values():
-        reference = row.get("speed_scale", auto)  # a reused row: against the autoregressive speed of its own run
+        # a reused row: against the autoregressive speed of its own run
+        reference = row.get("speed_scale", auto)
         row["speedup"] = row["tokens_per_s"] / reference if reference else None
 
 
@@ -277,9 +292,9 @@ def print_table(rows: dict[str, dict]) -> None:
         lo, hi = row["verifier_logp_ci"]
         rlo, rhi = row["rouge_l_ci"]
         name = f"{name} *" if "speed_scale" in row else name
-        print(f"{name:<22} {w:>7} {acc:>7} {row['tau']:>5.2f} {row['tokens_per_s']:>6.1f} {row['speedup']:>5.2f}x "
-              f"{row['verifier_logp']:>8.3f} [{lo:>6.3f}, {hi:>6.3f}] {row['rouge_l']:>10.1f} [{rlo:>5.1f}, "
-              f"{rhi:>5.1f}]")  # fmt: skip
+        print(f"{name:<22} {w:>7} {acc:>7} {row['tau']:>5.2f} {row['tokens_per_s']:>6.1f} "
+              f"{row['speedup']:>5.2f}x {row['verifier_logp']:>8.3f} [{lo:>6.3f}, {hi:>6.3f}] "
+              f"{row['rouge_l']:>10.1f} [{rlo:>5.1f}, {rhi:>5.1f}]")  # fmt: skip
     print("-" * len(header))
     if any("speed_scale" in row for row in rows.values()):
         print("* reused from --reuse: the same tokens; tok/s and vs AR are that run's")
@@ -329,27 +344,36 @@ def plot(rows: dict[str, dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     palette = plt.get_cmap("tab20").colors
-    colors = {name: palette[i % len(palette)] for i, name in enumerate(rows)}  # one colour per method, both panels
-    for ax, x_key, x_label in ((axes[0], "acceptance", "acceptance rate"), (axes[1], "speedup", "tokens/s vs autoregressive")):
-        static = sorted((n for n in rows if n == "sd" or n.startswith("static")), key=lambda n: rows[n]["acceptance"])
-        ax.plot([rows[n][x_key] for n in static], [rows[n]["verifier_logp"] for n in static], "-", color="0.6",
-                zorder=1, label="static ensemble curve (sd = w 0)")  # fmt: skip
+    # one colour per method, both panels
+    colors = {name: palette[i % len(palette)] for i, name in enumerate(rows)}
+    for ax, x_key, x_label in (
+        (axes[0], "acceptance", "acceptance rate"),
+        (axes[1], "speedup", "tokens/s vs autoregressive"),
+    ):
+        static = sorted(
+            (n for n in rows if n == "sd" or n.startswith("static")), key=lambda n: rows[n]["acceptance"]
+        )
+        ax.plot([rows[n][x_key] for n in static], [rows[n]["verifier_logp"] for n in static], "-",
+                color="0.6", zorder=1, label="static ensemble curve (sd = w 0)")  # fmt: skip
         for name, row in rows.items():
             if name == "auto" and x_key == "acceptance":
                 ax.axhline(row["verifier_logp"], color="0.8", ls="--", lw=1, label="autoregressive (T = 1)")
                 continue
             lo, hi = row["verifier_logp_ci"]
             kind = name.split()[0]
-            marker = {"static": "o", "sd": "s", "lossy": "v", "cascade": "^", "fly": "D", "diversed": "*", "gated": "P",
-                      "auto": "x"}.get(kind, "o")  # fmt: skip
-            ax.errorbar(row[x_key], row["verifier_logp"], yerr=[[row["verifier_logp"] - lo], [hi - row["verifier_logp"]]],
-                        fmt=marker, ms=12 if kind == "diversed" else 6, capsize=3, label=name, zorder=2,
+            marker = {"static": "o", "sd": "s", "lossy": "v", "cascade": "^", "fly": "D", "diversed": "*",
+                      "gated": "P", "auto": "x"}.get(kind, "o")  # fmt: skip
+            ax.errorbar(row[x_key], row["verifier_logp"],
+                        yerr=[[row["verifier_logp"] - lo], [hi - row["verifier_logp"]]], fmt=marker,
+                        ms=12 if kind == "diversed" else 6, capsize=3, label=name, zorder=2,
                         color=colors[name])  # fmt: skip
         ax.set_xlabel(x_label)
         ax.set_ylabel("verifier log-likelihood per token")
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7, loc="best")
-    fig.suptitle("DIVERSED vs fixed weights: SmolLM2-135M + EAGLE-3 head, held-out Spec-Bench, T = 1 (95 % CI)")
+    fig.suptitle(
+        "DIVERSED vs fixed weights: SmolLM2-135M + EAGLE-3 head, held-out Spec-Bench, T = 1 (95 % CI)"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -361,7 +385,9 @@ def replot(paths: list[str], plot_path: str) -> int:
     saved = [json.loads(Path(p).read_text()) for p in paths]
     if any(s.get("question_ids") != saved[0].get("question_ids") or s.get("seeds") != saved[0].get("seeds")
            for s in saved):  # fmt: skip
-        raise SystemExit("--replot: the files measured different questions or seeds; they cannot share one plot")
+        raise SystemExit(
+            "--replot: the files measured different questions or seeds; they cannot share one plot"
+        )
     rows = {name: row for s in saved for name, row in s["rows"].items()}
     plot(rows, Path(plot_path))
     return 0
@@ -389,7 +415,8 @@ def collect_rows(raws: dict, reused: dict, every: list) -> dict[str, dict]:
             if name != "auto" and name not in rows:
                 rows[name] = {**finish(raw), "speed_scale": earlier_auto}
         kinds = ["auto", "sd", "static", "lossy", "cascade", "fly", "gated", "diversed"]
-        rows = dict(sorted(rows.items(), key=lambda item: kinds.index(item[0].split()[0])))  # stable within a kind
+        # stable within a kind
+        rows = dict(sorted(rows.items(), key=lambda item: kinds.index(item[0].split()[0])))
     for name, _, meta in every:  # fixed weights: show the configured one
         if name in rows and rows[name]["mean_draft_weight"] is None and "w" in meta:
             rows[name]["mean_draft_weight"] = meta["w"]
@@ -404,7 +431,8 @@ def compare_with_static(rows: dict[str, dict], bootstrap: int) -> None:
         for key in ("verifier_logp", "rouge_l"):
             gap = curve_gap(rows, static, name, key, bootstrap)
             if gap is None:
-                print(f"[n/a ] {name}: acceptance {rows[name]['acceptance']:.3f} outside the static curve ({key})")
+                print(f"[n/a ] {name}: acceptance {rows[name]['acceptance']:.3f} "
+                      f"outside the static curve ({key})")
                 continue
             point, lo, hi = gap
             verdict = "ABOVE" if lo > 0 else ("BELOW" if hi < 0 else "ON   ")
@@ -440,11 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     eos = eos_token_ids(model, tokenizer)
     greedy = SpeculativeEngine(model, None, settings=GenerationSettings(max_new_tokens=args.max_new_tokens),
-                               vocab_size=vocab, eos_token_ids=eos, pad_token_id=pad_token_id(tokenizer, eos))  # fmt: skip
-    greedy_texts = [tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in decode(greedy, ids, args.batch_size)[0]]
+                               vocab_size=vocab, eos_token_ids=eos, pad_token_id=pad_token_id(tokenizer, eos))
+    greedy_texts = [tokenizer.decode(r.output_ids, skip_special_tokens=True)
+                    for r in decode(greedy, ids, args.batch_size)[0]]
     print(f"{len(questions)} held-out Spec-Bench questions, T = 1, seeds {seeds}, gamma {args.gamma}, "
           f"{args.max_new_tokens} new tokens, drafter {drafter.name}", flush=True)  # fmt: skip
-
     out = Path(args.json) if args.json else None
     every = methods(args, verifier, drafter)
     reused = reusable(args, questions, seeds) if args.reuse else {}
@@ -456,9 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     def save(rows: dict | None = None) -> None:
         if out:
             out.parent.mkdir(parents=True, exist_ok=True)
-            payload = {"question_ids": [q["question_id"] for q in questions], "seeds": seeds, "gamma": args.gamma,
-                       "max_new_tokens": args.max_new_tokens, "eagle": args.eagle, "heads": args.head,
-                       "raw": raws, "rows": rows or {}}  # fmt: skip
+            payload = {"question_ids": [q["question_id"] for q in questions], "seeds": seeds,
+                       "gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "eagle": args.eagle,
+                       "heads": args.head, "raw": raws, "rows": rows or {}}  # fmt: skip
             out.write_text(json.dumps(payload, indent=1) + "\n")
 
     for seed in seeds:
@@ -470,8 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         measure_seed(seed, chosen, raws, verifier, lambda: load_eagle3_drafter(args.eagle, verifier, vocab),
                      ids, greedy_texts, args)  # fmt: skip
-        print(f"seed {seed}: {len(chosen)} methods x {len(ids)} questions in {time.perf_counter() - t0:.0f} s",
-              flush=True)  # fmt: skip
+        print(f"seed {seed}: {len(chosen)} methods x {len(ids)} questions in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
         save()
     done = raws["auto"]["seeds"]
     rows = collect_rows(raws, reused if done == seeds else {}, every)
@@ -485,12 +513,12 @@ def main(argv: list[str] | None = None) -> int:
         plot(rows, Path(args.plot))
     missing = [seed for seed in seeds if seed not in done]
     record_run(
-        args, "diversed_study", record_rows(rows),
-        f"spec_bench heldout ({', '.join(tasks)}; first turn), seeds {','.join(map(str, done))}", len(questions),
-        device="cpu", dtype="float32", threads=args.threads, doc="docs/diversed.md#measured-with-the-eagle-3-head",
-        notes=f"drafter {drafter.name}, T = 1, gamma {args.gamma}, {args.max_new_tokens} new tokens; quality: mean over "
-        "questions of the per-question mean over seeds, 95 % bootstrap interval over questions"
-        + (f"; seeds not measured (budget): {missing}" if missing else ""),
+        args, "diversed_study", record_rows(rows), f"spec_bench heldout ({', '.join(tasks)}; first turn), "
+        f"seeds {','.join(map(str, done))}", len(questions), device="cpu", dtype="float32",
+        threads=args.threads, doc="docs/diversed.md#measured-with-the-eagle-3-head",
+        notes=f"drafter {drafter.name}, T = 1, gamma {args.gamma}, {args.max_new_tokens} new tokens; "
+        "quality: mean over questions of the per-question mean over seeds, 95 % bootstrap interval over "
+        "questions" + (f"; seeds not measured (budget): {missing}" if missing else ""),
     )
     return 0
 

@@ -168,7 +168,8 @@ class TranslationTask:
         for seed in self.seeds:
             settings = GenerationSettings(max_new_tokens=self.max_new, temperature=1.0, seed=seed)
             engine, _ = build_engines(self.verifier, self.drafter if rule is not None else None, rule,
-                                      DraftSchedule("constant", gamma=self.gamma), settings, baseline=False)  # fmt: skip
+                                      DraftSchedule("constant", gamma=self.gamma), settings,
+                                      baseline=False)  # fmt: skip
             run = compare(engine, self.ids, batch_size=self.batch_size, progress=False).method
             for result in run.results:
                 for record in result.rounds:
@@ -246,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     max_new = args.max_new_tokens or cfg.gen.max_new_tokens
     seeds = [int(s) for s in args.seeds.split(",")]
     weights = [float(w) for w in args.weights.split(",")]
-    print(f"{len(prompts)} held-out translation questions ({fmt}), T = 1, gamma = {gamma}, {max_new} new tokens, "
-          f"seeds {seeds}; drafter {drafter.name}; head {head}", flush=True)  # fmt: skip
+    print(f"{len(prompts)} held-out translation questions ({fmt}), T = 1, gamma = {gamma}, "
+          f"{max_new} new tokens, seeds {seeds}; drafter {drafter.name}; head {head}",
+          flush=True)  # fmt: skip
 
     methods: list[tuple[str, object]] = [("auto", None), ("sd", VerificationRule())]
     methods += [(f"static w={w:g}", EnsembleRule(w, str(cfg.method.pool))) for w in weights]
@@ -265,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{verdict}] {check}: {figures}")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "head": str(head), "prompts": len(prompts), "gamma": gamma, "max_new_tokens": max_new, "seeds": seeds,
-            "rows": rows, "checks": [{"check": c, "passed": p, "figures": f} for c, p, f in results],
+            "head": str(head), "prompts": len(prompts), "gamma": gamma, "max_new_tokens": max_new,
+            "seeds": seeds, "rows": rows,
+            "checks": [{"check": c, "passed": p, "figures": f} for c, p, f in results],
         }, indent=2) + "\n")  # fmt: skip
     verdicts = "; ".join(
         f"{'n/a' if p is None else ('PASS' if p else 'FAIL')} {c}: {f}" for c, p, f in results
@@ -281,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         dtype=str(verifier.model.dtype).removeprefix("torch."),
         threads=torch.get_num_threads(),
         doc="docs/diversed.md#measured-on-cpu",
-        notes=f"{drafter.name}, T = 1, gamma {gamma}, {max_new} new tokens; head {head}; methods decode one after "
-        f"another (not interleaved); BLEU: corpus BLEU over every seed's outputs. Checks: {verdicts}",
+        notes=f"{drafter.name}, T = 1, gamma {gamma}, {max_new} new tokens; head {head}; methods decode one "
+        f"after another (not interleaved); BLEU: corpus BLEU over every seed's outputs. Checks: {verdicts}",
     )
     return 0
 

@@ -73,7 +73,8 @@ def overrides(args, data: Path, mode: str, out: Path) -> list[str]:
     values = [
         "experiment=cpu-sd2", "task=train", *method, f"train.data={data}", f"train.max_steps={args.steps}",
         f"train.val_every_steps={args.steps + 1000}", "train.val_prompts=0", "train.resume=false",
-        f"train.checkpoint_every_steps={args.steps + 1000}", f"runtime.num_threads={args.threads}", "tracking=none",
+        f"train.checkpoint_every_steps={args.steps + 1000}", f"runtime.num_threads={args.threads}",
+        "tracking=none",
     ]  # fmt: skip
     if mode != "fly":
         values.append(f"train.feature_cache={out / ('features-' + mode)}")
@@ -208,8 +209,8 @@ def main(argv=None) -> int:
         ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
         build = f"{r['cache_build_s']:.0f} s" if r["mode"] != "fly" else "-"
         size = f"{r['cache_mb']:.0f} MiB" if r["mode"] != "fly" else "-"
-        print(f"| {names[r['mode']]} | {r['tokens_per_s']:.0f} | {r['seconds_per_step']:.2f} | {ratio} | {build} | "
-              f"{size} | {r['final_loss']:.3f} |")  # fmt: skip
+        print(f"| {names[r['mode']]} | {r['tokens_per_s']:.0f} | {r['seconds_per_step']:.2f} | {ratio} | "
+              f"{build} | {size} | {r['final_loss']:.3f} |")  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     from specbench.data.synth_dataset import DATASET_DIR, METADATA_FILE
 
@@ -224,8 +225,8 @@ def main(argv=None) -> int:
         dtype=str(plan.dtype).removeprefix("torch."),
         threads=args.threads,
         doc="docs/training.md#verifier-feature-cache-and-draft-vocabulary",
-        notes=f"experiment=cpu-sd2, {args.method}, batch 4, steps {args.warmup + 1}..{args.steps} timed; speedup: "
-        f"training throughput over on the fly (not decoding); load average {os.getloadavg()[0]:.2f}",
+        notes=f"experiment=cpu-sd2, {args.method}, batch 4, steps {args.warmup + 1}..{args.steps} timed; "
+        f"speedup: training throughput over on the fly (not decoding); load average {os.getloadavg()[0]:.2f}",
     )
     return 0
 

@@ -59,8 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--head", action="append", default=None,
-        help="trained.pt of task=train method=eagle3; repeat it to compare heads in the same run (rows named by "
-        "the head's folder); default: the committed head",
+        help="trained.pt of task=train method=eagle3; repeat it to compare heads in the same run (rows named "
+        "by the head's folder); default: the committed head",
     )  # fmt: skip
     parser.add_argument(
         "--gammas",
@@ -71,26 +71,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-early-exit", action="store_true", help="leave out the early-exit row")
     parser.add_argument(
         "--fallback", default="",
-        help="comma list of min_lookup_tokens values: a row per value for the suffix drafter with the (first) head "
-        "as fallback (specbench.drafters.fallback, γ cap 10, head γ 1)",
+        help="comma list of min_lookup_tokens values: a row per value for the suffix drafter with the "
+        "(first) head as fallback (specbench.drafters.fallback, γ cap 10, head γ 1)",
     )  # fmt: skip
     parser.add_argument(
         "--fallback-schedules", default="constant",
-        help="comma list of schedules for the --fallback chain rows: constant (γ cap 10) | cost_aware (chains "
-        "trimmed by match length and the round costs: the v(n) measured first as a prior, learned from the "
-        "run's "
-        "own rounds; max_gamma 10) | cost_aware_profile (the same, priced by the measured v(n) alone)",
+        help="comma list of schedules for the --fallback chain rows: constant (γ cap 10) | cost_aware "
+        "(chains trimmed by match length and the round costs: the v(n) measured first as a prior, learned "
+        "from the run's own rounds; max_gamma 10) | cost_aware_profile (the same, priced by the measured "
+        "v(n) alone)",
     )  # fmt: skip
     parser.add_argument(
         "--fallback-profile", default=None,
-        help="a cost profile file (task=profile, or a previous run's eagle3.json 'fallback_profile') to price the "
-        "cost_aware rows instead of one measured now: to test how learned costs recover from a bad profile",
+        help="a cost profile file (task=profile, or a previous run's eagle3.json 'fallback_profile') to "
+        "price the cost_aware rows instead of one measured now: to test how learned costs recover from a "
+        "bad profile",
     )  # fmt: skip
     parser.add_argument(
         "--suffix-cache",
         default=None,
-        help="a suffix cache file (python -m specbench.drafters.suffix_seed): each --fallback row runs twice, "
-        "its suffix drafter's global tree empty and seeded from the file (rows suffixed -seeded)",
+        help="a suffix cache file (python -m specbench.drafters.suffix_seed): each --fallback row runs "
+        "twice, its suffix drafter's global tree empty and seeded from the file (rows suffixed -seeded)",
     )
     parser.add_argument(
         "--fallback-widths", default="1",
@@ -98,18 +99,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--trees", default="",
-        help="comma list of WIDTHxGAMMA: a row per entry for the (first) head drafting trees, a chain of GAMMA "
-        "drafts with its WIDTH - 1 next most likely tokens as leaves at each depth (docs/eagle3.md, tree "
-        "drafts)",
+        help="comma list of WIDTHxGAMMA: a row per entry for the (first) head drafting trees, a chain of "
+        "GAMMA drafts with its WIDTH - 1 next most likely tokens as leaves at each depth (docs/eagle3.md, "
+        "tree drafts)",
     )  # fmt: skip
     parser.add_argument(
         "--suffix", action="store_true",
-        help="add the suffix drafter alone (constant γ 10; its global tree seeded from --suffix-cache when given)",
+        help="add the suffix drafter alone (constant γ 10; its global tree seeded from --suffix-cache when "
+        "given)",
     )  # fmt: skip
     parser.add_argument(
         "--dflash", action="append", default=None,
-        help="a DFlash drafter (trained.pt of task=train method=dflash, or a z-lab layout directory): a row per "
-        "--dflash-gammas value; repeat it to compare drafters (rows named by the drafter's folder)",
+        help="a DFlash drafter (trained.pt of task=train method=dflash, or a z-lab layout directory): a row "
+        "per --dflash-gammas value; repeat it to compare drafters (rows named by the drafter's folder)",
     )  # fmt: skip
     parser.add_argument("--dflash-gammas", default="7", help="comma list of constant γ for the --dflash rows")
     return parser.parse_args(argv)
@@ -161,8 +163,8 @@ def dflash_setups(args, verifier, vocab: int, profiles: dict) -> list[Setup]:
         if len(args.dflash) > 1:
             label = f"[{Path(path).parent.name if Path(path).is_file() else Path(path).name}]"
         profiles[f"dflash{label}"] = measure_profile(
-            verifier, dflash_drafter(path, verifier, vocab), vocab, max(dflash_gammas(args)) + 1, context_len=256,
-            repeats=7,
+            verifier, dflash_drafter(path, verifier, vocab), vocab, max(dflash_gammas(args)) + 1,
+            context_len=256, repeats=7,
         )  # fmt: skip
         print(f"dflash {path}:\n{profiles[f'dflash{label}'].table()}", file=sys.stderr)
         for gamma in dflash_gammas(args):
@@ -247,7 +249,8 @@ def print_costs(heads: list[str], profiles: dict, learning: dict, args) -> None:
               f"{cost * gamma:.2f} one-token verifier forwards per round)")  # fmt: skip
     for label, s in learning.items():
         verify, _ = s.costs.relative()
-        print(f"{label}: v(n) learned over {s.costs.rounds} rounds (load x{s.costs.load_scale:.2f} the profile's): "
+        print(f"{label}: v(n) learned over {s.costs.rounds} rounds "
+              f"(load x{s.costs.load_scale:.2f} the profile's): "
               + " ".join(f"{v:.2f}" for v in verify))  # fmt: skip
 
 
@@ -267,8 +270,8 @@ def main(argv=None) -> int:
     profiles = {}
     for path in heads:
         profiles[path] = measure_profile(
-            verifier, load_eagle3_drafter(path, verifier, vocab), vocab, max(gammas, default=1) + 1, context_len=256,
-            repeats=7,
+            verifier, load_eagle3_drafter(path, verifier, vocab), vocab, max(gammas, default=1) + 1,
+            context_len=256, repeats=7,
         )  # fmt: skip
         print(f"{path}:\n{profiles[path].table()}", file=sys.stderr)
     setups = [Setup("autoregressive"), *head_setups(args, verifier, vocab, heads, gammas)]

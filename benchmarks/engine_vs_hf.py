@@ -147,8 +147,8 @@ def main(argv=None) -> int:
         dtype=report["dtype"].removeprefix("torch."),
         threads=torch.get_num_threads(),
         doc="docs/benchmarks.md#engine-vs-hf-transformers",
-        notes=f"{report['verifier']} / {report['drafter']}, {args.max_new_tokens} new tokens, greedy; speedup "
-        "against HF generate (autoregressive)",
+        notes=f"{report['verifier']} / {report['drafter']}, {args.max_new_tokens} new tokens, greedy; "
+        "speedup against HF generate (autoregressive)",
     )
     return 0 if identical else 1
 
@@ -193,8 +193,10 @@ def record_rows(report: dict, tokens: dict[str, list[int]], times: dict[str, lis
     forwards."""
     gamma = report["gamma"]
     setups = {
-        "hf_ar": "HF generate, autoregressive", "hf_assisted": f"HF assisted generation, {drafter}, γ={gamma}",
-        "ours_ar": "specbench autoregressive", "ours_sd": f"specbench sd, {drafter}, γ={gamma}",
+        "hf_ar": "HF generate, autoregressive",
+        "hf_assisted": f"HF assisted generation, {drafter}, γ={gamma}",
+        "ours_ar": "specbench autoregressive",
+        "ours_sd": f"specbench sd, {drafter}, γ={gamma}",
     }  # fmt: skip
     base = list(zip(tokens["hf_ar"], times["hf_ar"]))
     rows = []
@@ -218,7 +220,8 @@ def record_rows(report: dict, tokens: dict[str, list[int]], times: dict[str, lis
         if name == "ours_sd":
             engine = report["engine"]
             for key, label in (("tau", "tau"), ("acceptance_rate", "acceptance"), ("cost_ratio", "c"),
-                               ("predicted_speedup", "predicted_speedup"), ("efficiency", "efficiency")):  # fmt: skip
+                               ("predicted_speedup", "predicted_speedup"),
+                               ("efficiency", "efficiency")):  # fmt: skip
                 if isinstance(engine.get(key), (int, float)) and engine[key] == engine[key]:
                     figures[label] = figure(engine[key])
             figures["forward_share"] = figure(100.0 * report["forward_time_share"], unit="%")

@@ -278,7 +278,9 @@ def summarise(records: dict[str, list[dict]], figures: dict) -> dict[str, dict]:
             "logprob_per_token": sum(r["logprob"] for r in rows) / tokens if tokens else math.nan,
             "logprob_sample_mean": sample_mean, "logprob_sample_se": sample_se,
             "delta_logprob_vs_ar": delta, "delta_logprob_se": delta_se,
-            "deferred_per_round": sum(deferred) / max(sum(r["rounds"] for r in rows), 1) if deferred else None,
+            "deferred_per_round": (
+                sum(deferred) / max(sum(r["rounds"] for r in rows), 1) if deferred else None
+            ),
             "samples": len(rows), "tokens": tokens,
         }  # fmt: skip
     return summary
@@ -601,11 +603,14 @@ def main(argv=None) -> int:
         f"{len(questions)} questions x seeds {seeds}, {args.max_new_tokens} new tokens"
     )
     report = {
-        "measures": "verification rules at T=1: tau, acceptance, tokens/s, speedup, verifier log-prob per token",
+        "measures": (
+            "verification rules at T=1: tau, acceptance, tokens/s, speedup, verifier log-prob per token"
+        ),
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "drafter": drafter_label, "gamma": args.gamma, "temperature": 1.0, "seeds": seeds,
         "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "device": str(model.device), "dtype": str(model.dtype),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "device": str(model.device),
+        "dtype": str(model.dtype),
         "questions": [q["question_id"] for q in questions],
         "rows": {name: {"method": specs[name].method, "family": specs[name].family, **rules[name]}
                  for name in engines},
@@ -621,8 +626,9 @@ def main(argv=None) -> int:
         f"spec_bench heldout (first turn) x seeds {','.join(map(str, seeds))}", len(questions) * len(seeds),
         device=str(model.device), dtype=str(model.dtype).removeprefix("torch."), threads=args.threads,
         doc="docs/rules-block-and-fly.md#benchmark",
-        notes=f"T = 1, gamma {args.gamma}, drafter {drafter_label}, {args.max_new_tokens} new tokens; log-likelihood "
-        "per token under the verifier at T = 1" + "".join(f"; row not run: {p}" for p in problems),
+        notes=f"T = 1, gamma {args.gamma}, drafter {drafter_label}, {args.max_new_tokens} new tokens; "
+        "log-likelihood per token under the verifier at T = 1"
+        + "".join(f"; row not run: {p}" for p in problems),
     )  # fmt: skip
     return 0
 

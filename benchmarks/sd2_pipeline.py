@@ -177,7 +177,8 @@ class Study:
         unknown = sorted(set(trainings) - set(TRAININGS))
         if unknown:
             sys.exit(f"--trainings: unknown {unknown}; choose from {','.join(TRAININGS)}")
-        vocab = ([f"model.drafter.draft_vocab={data}", f"model.drafter.draft_vocab_size={args.draft_vocab_size}"]
+        vocab = ([f"model.drafter.draft_vocab={data}",
+                  f"model.drafter.draft_vocab_size={args.draft_vocab_size}"]
                  if args.draft_vocab_size else [])  # fmt: skip
         common = ["runtime.num_threads=1", f"steering.v_layers={TAPS}", *args.extra]
         return cls(
@@ -191,8 +192,9 @@ def synth_and_train(study: Study, runner: Runner) -> None:
     args, out, data = study.args, study.out, study.data
     if not args.data:
         runner.run([Step("synth", [
-            "task=synth", "dataset.subset=train", f"dataset.limit={args.synth_prompts}", "synth.temperature=1.0",
-            f"synth.responses_per_prompt={args.responses_per_prompt}", f"synth.output_dir={data}",
+            "task=synth", "dataset.subset=train", f"dataset.limit={args.synth_prompts}",
+            "synth.temperature=1.0", f"synth.responses_per_prompt={args.responses_per_prompt}",
+            f"synth.output_dir={data}",
             f"hydra.run.dir={out / 'hydra' / 'synth'}", *study.common,
         ], data / "dataset")])  # fmt: skip
     if not (data / "dataset").exists() and not (data / "dataset_dict.json").exists():
@@ -220,9 +222,10 @@ def evaluate(study: Study, runner: Runner) -> tuple[list[dict], list[dict]]:
     def evaluation(drafter: str, run: Path, overrides: list[str]) -> Step:
         return Step(f"eval_{run.name}", [
             *[o.format(out=out) for o in DRAFTERS[drafter]], *overrides, f"dataset.limit={args.eval_prompts}",
-            f"eval.output_dir={run}", f"hydra.run.dir={out / 'hydra' / run.name}", f"runtime.dtype={args.eval_dtype}",
-            *study.vocab, *study.common,
-        ], run / "metrics.json", after=[] if drafter == "pretrained" else [f"train_{TRAINED_BY[drafter]}"])  # fmt: skip
+            f"eval.output_dir={run}", f"hydra.run.dir={out / 'hydra' / run.name}",
+            f"runtime.dtype={args.eval_dtype}", *study.vocab, *study.common,
+        ], run / "metrics.json",
+            after=[] if drafter == "pretrained" else [f"train_{TRAINED_BY[drafter]}"])  # fmt: skip
 
     speed_gammas = [int(g) for g in args.speed_gammas.split(",") if g]
     speed_drafters = [d for d in drafters if d in ("distilled", "sd2")]
@@ -264,8 +267,8 @@ def main(argv=None) -> None:
     if rows:
         not_run = runner.failed + runner.skipped
         record_run(
-            args, "sd2_pipeline", rows, "spec_bench heldout", args.eval_prompts, device="cpu", dtype=args.eval_dtype,
-            threads=1, doc="docs/training.md#result-on-the-embedded-pair",
+            args, "sd2_pipeline", rows, "spec_bench heldout", args.eval_prompts, device="cpu",
+            dtype=args.eval_dtype, threads=1, doc="docs/training.md#result-on-the-embedded-pair",
             notes=f"experiment=cpu-sd2, {args.steps} training steps per drafter (float32), draft vocabulary "
             f"{args.draft_vocab_size or 'full'}; evaluations in {args.eval_dtype}, each next to its own "
             "autoregressive "

@@ -45,7 +45,8 @@ def composed(overrides: list[str]):
 
 
 def overrides_for(drafter: str, run: Path, gamma: int, args: argparse.Namespace) -> list[str]:
-    vocab = ([f"model.drafter.draft_vocab={run / 'synth'}", f"model.drafter.draft_vocab_size={args.draft_vocab_size}"]
+    vocab = ([f"model.drafter.draft_vocab={run / 'synth'}",
+              f"model.drafter.draft_vocab_size={args.draft_vocab_size}"]
              if args.draft_vocab_size else [])  # fmt: skip
     return [
         "experiment=cpu-sd2", *[o.format(out=run) for o in DRAFTERS[drafter]], f"schedule.gamma={gamma}",
@@ -83,16 +84,17 @@ def main() -> int:
         (d, g): validate(composed(overrides_for(d, run, g, args))).resolve() for d in drafters for g in gammas
     }
     first = next(iter(plans.values()))
-    verifier = load_verifier(first.verifier, first.device, first.dtype,
-                             placement=verifier_placement(composed(overrides_for(drafters[0], run, gammas[0], args)),
-                                                          first))  # fmt: skip
+    verifier = load_verifier(
+        first.verifier, first.device, first.dtype,
+        placement=verifier_placement(composed(overrides_for(drafters[0], run, gammas[0], args)), first),
+    )  # fmt: skip
     autoregressive, _ = build_engines(verifier, None, None, first.schedule, first.settings, baseline=False)
     runners = [engine_runner("autoregressive", autoregressive)]
     for (drafter, gamma), plan in plans.items():
         loaded = load_drafter(plan.drafter, verifier, plan.device, plan.dtype)
         parts = load_method_parts(plan, verifier, loaded)
-        engine, _ = build_engines(verifier, parts.drafter, parts.rule, plan.schedule, plan.settings, baseline=False,
-                                  steering=parts.steering)  # fmt: skip
+        engine, _ = build_engines(verifier, parts.drafter, parts.rule, plan.schedule, plan.settings,
+                                  baseline=False, steering=parts.steering)  # fmt: skip
         runners.append(engine_runner(f"{drafter}-g{gamma}", engine))
 
     questions = heldout_questions(args.per_task)

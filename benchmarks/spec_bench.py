@@ -353,7 +353,8 @@ def record_rows(
     if lossless and all("output_ids" in r for r in method_rows + baseline_rows):
         same = all(r["output_ids"] == reference[r["question_id"]]["output_ids"] for r in method_rows)
     base = {"setup": "autoregressive", "identical_outputs": True if lossless else None,
-            "figures": {"tokens_per_s": figure(overall["baseline_tokens_per_s"], [b for _, b in pairs])}}  # fmt: skip
+            "figures": {"tokens_per_s": figure(overall["baseline_tokens_per_s"],
+                                               [b for _, b in pairs])}}  # fmt: skip
     return [base, {"setup": label, "figures": figures, "identical_outputs": same}]
 
 
@@ -363,8 +364,8 @@ def prompt_set(args: argparse.Namespace, questions: list[dict]) -> str:
     if args.categories:
         parts.append(f"categories {args.categories}")
     if args.limit is not None:
-        parts.append(f"{len(questions)} questions" + (f" (seed {args.seed_subset})" if args.seed_subset is not None
-                                                      else ""))  # fmt: skip
+        parts.append(f"{len(questions)} questions"
+                     + (f" (seed {args.seed_subset})" if args.seed_subset is not None else ""))  # fmt: skip
     parts.append("first turn" if args.turns == "first" else "all turns")
     return ", ".join(parts)
 

@@ -102,7 +102,9 @@ def build_engines(
         if steering is not None:
             drafter_impl = SD2Drafter(steering, vocab, drafter.name, drafter.draft_vocab, tree_width=width)
         else:
-            drafter_impl = ModelDrafter(drafter.model, vocab, drafter.name, drafter.draft_vocab, tree_width=width)
+            drafter_impl = ModelDrafter(
+                drafter.model, vocab, drafter.name, drafter.draft_vocab, tree_width=width
+            )
     elif steering is not None:
         raise ValueError("SD² steering needs a model drafter")
     eos = eos_token_ids(verifier.model, tokenizer)
@@ -115,7 +117,8 @@ def build_engines(
     }
     if schedule.name == "cost_aware" and drafter_impl is not None:
         if profile is None:
-            print("measuring the cost profile for schedule=cost_aware (schedule.profile=null) ...", file=sys.stderr)
+            print("measuring the cost profile for schedule=cost_aware (schedule.profile=null) ...",
+                  file=sys.stderr)
             profile = measure_profile(verifier, drafter_impl, vocab, schedule.max_gamma + 1)
         common["schedule"] = CostAwareSchedule(profile, schedule.max_gamma, schedule.learn_costs)
     engine = SpeculativeEngine(verifier.model, drafter_impl, rule, **common)
@@ -344,7 +347,8 @@ def result_from_row(row: dict) -> SampleResult:
             draft_weights=position_weight,
             verifier_logp=logp,
         )
-        for (drafted, accepted), emitted, forwards, draft_time, verify_time, weight, position_weight, logp in zip(
+        for (drafted, accepted), emitted, forwards, draft_time, verify_time, weight, position_weight, logp
+        in zip(
             row["rounds"],
             stats["emitted"],
             stats["draft_forwards"],

@@ -1,11 +1,11 @@
-"""A verifier and its drafter, from config: the drafter a ``model/drafter`` spec describes, loaded or built for
-its verifier. Above the drafters, below the tasks.
+"""A verifier and its drafter, from config: the drafter a ``model/drafter`` spec describes, loaded or built
+for its verifier. Above the drafters, below the tasks.
 
 Drafters named in a config (``kind: drafter``): one module + one yaml per drafter.
 
-The yaml names a :class:`~specbench.decoding.protocol.Drafter` subclass, or a factory returning one, by its dotted
-path (``_target_``) and gives its arguments (``params``); it is built the way every configured thing is, by
-:func:`specbench.targets.build_target` (Hydra's ``instantiate``)::
+The yaml names a :class:`~specbench.decoding.protocol.Drafter` subclass, or a factory returning one, by its
+dotted path (``_target_``) and gives its arguments (``params``); it is built the way every configured thing
+is, by :func:`specbench.targets.build_target` (Hydra's ``instantiate``)::
 
     kind: drafter
     name: prompt-lookup

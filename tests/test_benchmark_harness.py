@@ -80,9 +80,9 @@ def test_setups_become_engine_runners_in_order():
 
 @pytest.mark.slow
 def test_peers_benchmark_records_every_row_with_rounds_that_add_up(tmp_path):
-    """benchmarks/peers.py at a tiny size: HF generate / prompt lookup / assisted on a plain-transformers copy and
-    specbench's AR and default drafter, one record with per-task figures; every runner's rounds account for
-    every token it emitted (the HF rows' rounds are read from the verifier's forward calls)."""
+    """benchmarks/peers.py at a tiny size: HF generate / prompt lookup / assisted on a plain-transformers copy
+    and specbench's AR and default drafter, one record with per-task figures; every runner's rounds account
+    for every token it emitted (the HF rows' rounds are read from the verifier's forward calls)."""
     import json
 
     import peers
@@ -90,18 +90,24 @@ def test_peers_benchmark_records_every_row_with_rounds_that_add_up(tmp_path):
     from specbench.results.record import load_records
 
     code = peers.main(["--per-category", "1", "--max-new-tokens", "6", "--dtypes", "float32",
-                       "--out-dir", str(tmp_path / "out"), "--results-dir", str(tmp_path / "results")])  # fmt: skip
+                       "--out-dir", str(tmp_path / "out"),
+                       "--results-dir", str(tmp_path / "results")])  # fmt: skip
     assert code == 0
     (_, record), = load_records(tmp_path / "results")
     setups = {row["setup"]: row for row in record["rows"]}
     names = ["hf-generate", "hf-prompt-lookup", "hf-assisted-ee4", "specbench-ar", "specbench-default"]
     assert sorted(setups) == sorted(f"float32: {n}" for n in names)
     default = setups["float32: specbench-default"]["figures"]
-    assert {"speedup", "vs_hf_prompt_lookup", "tau", "same_as_hf_generate", "speedup_qa", "acc_pos1"} <= set(default)
+    assert {
+        "speedup", "vs_hf_prompt_lookup", "tau", "same_as_hf_generate", "speedup_qa", "acc_pos1"
+    } <= set(default)
     assert setups["float32: hf-generate"]["figures"]["speedup"]["value"] == 1.0
     for name in names:
         for line in (tmp_path / "out" / "float32" / "answers" / f"{name}.jsonl").read_text().splitlines():
             choice = json.loads(line)["choices"][0]
             assert sum(choice["accept_lengths"]) == choice["new_tokens"][0], name
-            assert len(choice["drafted"]) == len(choice["accepted"]) == choice["decoding_steps"][0] or not choice["drafted"]
+            assert (
+                len(choice["drafted"]) == len(choice["accepted"]) == choice["decoding_steps"][0]
+                or not choice["drafted"]
+            )
             assert all(0 <= a <= d for d, a in zip(choice["drafted"], choice["accepted"]))

@@ -248,4 +248,6 @@ def test_a_forward_without_logits_runs_the_body_and_fills_the_same_cache(hidden)
         assert torch.equal(body.hidden, full.hidden)
     else:
         assert body.hidden is None
-    assert torch.equal(bare.forward(torch.tensor([block])).logits, plain.forward(torch.tensor([block])).logits)
+    assert torch.equal(
+        bare.forward(torch.tensor([block])).logits, plain.forward(torch.tensor([block])).logits
+    )

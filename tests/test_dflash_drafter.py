@@ -29,7 +29,9 @@ def draft_config(mask_token_id=300) -> DFlashConfig:
         "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 320, "num_target_layers": LAYERS,
         "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 1024,
-        "dflash_config": {"block_size": BLOCK, "mask_token_id": mask_token_id, "target_layer_ids": list(TAPS)},
+        "dflash_config": {
+            "block_size": BLOCK, "mask_token_id": mask_token_id, "target_layer_ids": list(TAPS)
+        },
     })  # fmt: skip
 
 
@@ -306,7 +308,8 @@ def test_the_factory_loads_an_exported_draft_for_a_loaded_verifier(verifier, dra
     loaded = LoadedModel(verifier, byte_tokenizer(), ModelSpec(kind="tiny_random"), "tiny")
     drafter = dflash_drafter(str(tmp_path / "draft"), loaded, VOCAB)
     assert drafter.describe() == {"drafter": "dflash (draft)", "drafter_kind": "dflash",
-                                  "target_layer_ids": list(TAPS), "block_size": BLOCK, "draft_vocab_size": None}  # fmt: skip
+                                  "target_layer_ids": list(TAPS), "block_size": BLOCK,
+                                  "draft_vocab_size": None}  # fmt: skip
     prompt = prompts_for(1, seed=5)[0]
     result = engine_for(verifier, drafter, gamma=3, max_new=16).generate([prompt])[0]
     assert result.output_ids == greedy(verifier, prompt, 16) and sum(r.accepted for r in result.rounds) > 0

@@ -68,8 +68,8 @@ def data(synth_dir):
 
 def settings(**overrides):
     train = {
-        "dflash_layers": 2, "dflash_taps": [0, 2, 4], "dflash_block_size": WIDTH, "dflash_mask_token_id": None,
-        "dflash_anchors": 6, "dflash_loss_gamma": 4.0, "init_layer": "random",
+        "dflash_layers": 2, "dflash_taps": [0, 2, 4], "dflash_block_size": WIDTH,
+        "dflash_mask_token_id": None, "dflash_anchors": 6, "dflash_loss_gamma": 4.0, "init_layer": "random",
     }  # fmt: skip
     train.update(overrides)
     return SimpleNamespace(**train)
@@ -240,11 +240,11 @@ def test_training_lowers_the_loss_and_raises_the_agreement(verifier, data):
 
 def train_cfg(synth_dir, tmp_path, **overrides):
     train = {
-        "data": str(synth_dir), "max_steps": 2, "batch_size": 4, "accumulate_grad_batches": 1, "lr_start": 3e-3,
-        "lr_end": 3e-4, "warmup_steps": 1, "weight_decay": 0.0, "grad_clip": 1.0, "val_every_steps": 2,
-        "val_batches": 1, "val_prompts": 1, "checkpoint_every_steps": 2, "seed": 0, "devices": 1,
-        "strategy": "auto", "precision": None, "num_workers": 0, "feature_cache": str(tmp_path / "features"),
-        "feature_batch_size": 8, **vars(settings()),
+        "data": str(synth_dir), "max_steps": 2, "batch_size": 4, "accumulate_grad_batches": 1,
+        "lr_start": 3e-3, "lr_end": 3e-4, "warmup_steps": 1, "weight_decay": 0.0, "grad_clip": 1.0,
+        "val_every_steps": 2, "val_batches": 1, "val_prompts": 1, "checkpoint_every_steps": 2, "seed": 0,
+        "devices": 1, "strategy": "auto", "precision": None, "num_workers": 0,
+        "feature_cache": str(tmp_path / "features"), "feature_batch_size": 8, **vars(settings()),
     }  # fmt: skip
     train.update(overrides)
     return SimpleNamespace(train=SimpleNamespace(**train))
@@ -296,7 +296,8 @@ def test_lightning_fit_resumes_loads_for_lossless_decoding_and_exports(verifier,
     prompt = [33, 34, 35, 36, 37]
     engine = SpeculativeEngine(
         verifier.model, drafter, schedule=DraftSchedule("constant", WIDTH - 1),
-        settings=GenerationSettings(max_new_tokens=12), vocab_size=VOCAB, eos_token_ids=[EOS_ID], pad_token_id=PAD_ID,
+        settings=GenerationSettings(max_new_tokens=12), vocab_size=VOCAB, eos_token_ids=[EOS_ID],
+        pad_token_id=PAD_ID,
     )  # fmt: skip
     assert engine.generate([prompt])[0].output_ids == greedy_reference(verifier, prompt, 12)
     with pytest.raises(DFlashCheckpointError, match="verifier_weights"):
@@ -326,7 +327,8 @@ def test_a_draft_vocabulary_is_trained_saved_and_drafted_over_losslessly(verifie
     prompts = [[33, 34, 35, 36, 37], [70, 71, 72]]
     engine = SpeculativeEngine(
         verifier.model, drafter, schedule=DraftSchedule("constant", WIDTH - 1),
-        settings=GenerationSettings(max_new_tokens=12), vocab_size=VOCAB, eos_token_ids=[EOS_ID], pad_token_id=PAD_ID,
+        settings=GenerationSettings(max_new_tokens=12), vocab_size=VOCAB, eos_token_ids=[EOS_ID],
+        pad_token_id=PAD_ID,
     )  # fmt: skip
     seen = []
     original = drafter.draft_logits

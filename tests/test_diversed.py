@@ -225,7 +225,8 @@ def test_trained_like_head_runs_in_the_engine(kind, schedule, temperature):
     assert 0 < metrics["mean_draft_weight"] < 1
     assert "draft_weight_pos_1" in metrics
     # Saved samples (samples.jsonl) keep the per-position weights, so a resumed summary is the same.
-    rebuilt = [result_from_row({"output_ids": r.output_ids, "rounds": [[x.drafted, x.accepted] for x in r.rounds],
+    rebuilt = [result_from_row({"output_ids": r.output_ids,
+                                "rounds": [[x.drafted, x.accepted] for x in r.rounds],
                                 **json.loads(json.dumps(saved_timing(r, 8)))}) for r in results]  # fmt: skip
     again = summarize(rebuilt, 1.0)
     assert {k: v for k, v in again.items() if "weight" in k} == {
@@ -443,9 +444,9 @@ def _train_config(tmp_path, max_steps: int):
     return compose_config([
         "model/verifier=tiny-random", "model/drafter=tiny-random", "method=diversed", "dataset=jsonl",
         f"dataset.path={data}", "dataset.metric=bleu", "gen.max_new_tokens=6", "runtime.device=cpu",
-        f"train.max_steps={max_steps}", "train.batch_size=2", "train.rollouts_per_prompt=2", "train.lr_start=0.01",
-        "train.lr_end=0.001", "train.warmup_steps=1", "train.val_every_steps=2", "train.val_prompts=2",
-        "train.checkpoint_every_steps=1", "tracking=none",
+        f"train.max_steps={max_steps}", "train.batch_size=2", "train.rollouts_per_prompt=2",
+        "train.lr_start=0.01", "train.lr_end=0.001", "train.warmup_steps=1", "train.val_every_steps=2",
+        "train.val_prompts=2", "train.checkpoint_every_steps=1", "tracking=none",
     ])  # fmt: skip
 
 
@@ -493,8 +494,8 @@ def test_short_training_run_checkpoints_and_resumes(tmp_path):
     assert saved["specbench"]["method"] == "diversed" and saved["specbench"]["trained_steps"] == 2
     baseline = saved["diversed_baseline"]
     assert baseline is not None and baseline > 0 and baseline == module.baseline
-    for key in ("train/reward", "train/advantage", "train/baseline", "train/mean_draft_weight", "train/loss_pg",
-                "train/loss_reg", "val/reward", "val/acceptance_rate"):  # fmt: skip
+    for key in ("train/reward", "train/advantage", "train/baseline", "train/mean_draft_weight",
+                "train/loss_pg", "train/loss_reg", "val/reward", "val/acceptance_rate"):  # fmt: skip
         assert key in metrics.last, key
     head_after_two = {k: v.clone() for k, v in module.head.state_dict().items()}
     assert not torch.equal(

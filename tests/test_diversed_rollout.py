@@ -133,8 +133,10 @@ def _train_config(tmp_path, *drafter):
     from helpers import compose_config
 
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"id": i, "prompt": f"Say {w}", "reference": w}) + "\n"
-                            for i, w in enumerate(["hello", "cat", "dog", "the sun", "blue sky", "red"])))  # fmt: skip
+    data.write_text("".join(
+        json.dumps({"id": i, "prompt": f"Say {w}", "reference": w}) + "\n"
+        for i, w in enumerate(["hello", "cat", "dog", "the sun", "blue sky", "red"])
+    ))  # fmt: skip
     return compose_config([
         "task=train", "model/verifier=tiny-random", *drafter, "method=diversed", "dataset=jsonl",
         f"dataset.path={data}", "dataset.metric=bleu", "gen.max_new_tokens=5", "runtime.device=cpu",

@@ -83,12 +83,12 @@ def vocab(synth_dir) -> DraftVocab:
 
 def config(synth_dir, cache=None, **overrides):
     train = {
-        "data": str(synth_dir), "max_steps": 2, "batch_size": 4, "accumulate_grad_batches": 1, "lr_start": 1e-2,
-        "lr_end": 1e-3, "warmup_steps": 1, "weight_decay": 0.0, "grad_clip": 1.0, "loss": "kl", "offset": "random",
-        "max_offset": 3, "val_every_steps": 2, "val_batches": 1, "val_prompts": 0, "checkpoint_every_steps": 2,
-        "seed": 0, "devices": 1, "strategy": "auto", "precision": None, "num_workers": 0, "lora_rank": 4,
-        "lora_alpha": 8, "feature_cache": str(cache) if cache else None, "feature_top_k": None,
-        "feature_batch_size": 4,
+        "data": str(synth_dir), "max_steps": 2, "batch_size": 4, "accumulate_grad_batches": 1,
+        "lr_start": 1e-2, "lr_end": 1e-3, "warmup_steps": 1, "weight_decay": 0.0, "grad_clip": 1.0,
+        "loss": "kl", "offset": "random", "max_offset": 3, "val_every_steps": 2, "val_batches": 1,
+        "val_prompts": 0, "checkpoint_every_steps": 2, "seed": 0, "devices": 1, "strategy": "auto",
+        "precision": None, "num_workers": 0, "lora_rank": 4, "lora_alpha": 8,
+        "feature_cache": str(cache) if cache else None, "feature_top_k": None, "feature_batch_size": 4,
     }  # fmt: skip
     train.update(overrides)
     steering = {
@@ -352,8 +352,9 @@ def test_train_with_cache_and_vocabulary_then_eval_through_launch(tmp_path):
                    f"synth.output_dir={synth}", f"hydra.run.dir={tmp_path / 'h-synth'}"])  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     common = [*tiny, "steering.v_layers=[0,1,2]", f"train.data={synth}", f"model.drafter.draft_vocab={synth}",
-              "model.drafter.draft_vocab_size=64", f"train.feature_cache={tmp_path / 'features'}", "train.max_steps=2",
-              "train.batch_size=2", "train.val_every_steps=2", "train.val_prompts=1", "train.checkpoint_every_steps=2"]  # fmt: skip
+              "model.drafter.draft_vocab_size=64", f"train.feature_cache={tmp_path / 'features'}",
+              "train.max_steps=2", "train.batch_size=2", "train.val_every_steps=2", "train.val_prompts=1",
+              "train.checkpoint_every_steps=2"]  # fmt: skip
     logs = []
     for method in (["method=distill", "steering=none"], ["method=sd2", "steering=sd2"]):
         out = tmp_path / method[0].split("=")[1]

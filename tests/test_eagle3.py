@@ -809,8 +809,9 @@ def test_the_committed_head_loads_for_the_embedded_verifier_and_decodes_lossless
     ids = prompt if isinstance(prompt, list) else prompt["input_ids"]
     eos = eos_token_ids(embedded.model, embedded.tokenizer)
     settings = GenerationSettings(max_new_tokens=24)
-    engine = SpeculativeEngine(embedded.model, drafter, schedule=DraftSchedule("constant", 3), settings=settings,
-                               vocab_size=vocab, eos_token_ids=eos, pad_token_id=eos[0])  # fmt: skip
+    engine = SpeculativeEngine(embedded.model, drafter, schedule=DraftSchedule("constant", 3),
+                               settings=settings, vocab_size=vocab, eos_token_ids=eos,
+                               pad_token_id=eos[0])  # fmt: skip
     plain = SpeculativeEngine(embedded.model, None, settings=settings, vocab_size=vocab, eos_token_ids=eos,
                               pad_token_id=eos[0])  # fmt: skip
     result = engine.generate([list(ids)])[0]

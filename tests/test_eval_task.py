@@ -237,8 +237,8 @@ def test_the_table_says_whether_outputs_equal_autoregressive_decoding_and_where_
     metrics = {"method": "sd", "schedule": "constant", "gamma": 10, "tau": 1.4, "acceptance_rate": 0.3,
                "tokens_per_s": 25.0, "speedup": 1.4, "baseline_new_tokens": 10, "baseline_tokens_per_s": 18.0,
                "baseline_wall_time_s": 0.5, "verifier": "v", "drafter": "d", "num_samples": 2,
-               "prompt_format": "chat", "new_tokens": 10, "wall_time_s": 0.3, "device": "cpu", "dtype": "bfloat16",
-               "baseline_match_rate": rate}  # fmt: skip
+               "prompt_format": "chat", "new_tokens": 10, "wall_time_s": 0.3, "device": "cpu",
+               "dtype": "bfloat16", "baseline_match_rate": rate}  # fmt: skip
     lines = format_table(metrics).splitlines()
     assert lines[-1].startswith(line)
     assert lines[-2].endswith("(+ baseline 0.50 s)") and " on cpu in bfloat16 " in lines[-2]
@@ -306,9 +306,9 @@ def test_the_table_names_the_method_parameters_and_stays_aligned_for_long_labels
     from specbench.tasks.results import format_table
 
     base = {"schedule": "constant", "gamma": 3, "tau": 2.5, "acceptance_rate": 0.5, "tokens_per_s": 30.0,
-            "speedup": 1.5, "baseline_new_tokens": 10, "baseline_tokens_per_s": 20.0, "baseline_wall_time_s": 0.5,
-            "verifier": "v", "drafter": "d", "num_samples": 2, "prompt_format": "chat", "new_tokens": 10,
-            "wall_time_s": 0.3}  # fmt: skip
+            "speedup": 1.5, "baseline_new_tokens": 10, "baseline_tokens_per_s": 20.0,
+            "baseline_wall_time_s": 0.5, "verifier": "v", "drafter": "d", "num_samples": 2,
+            "prompt_format": "chat", "new_tokens": 10, "wall_time_s": 0.3}  # fmt: skip
     ensemble = {
         **base,
         "method": "static_ensemble",

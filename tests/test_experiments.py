@@ -251,8 +251,8 @@ def test_cpu_ensemble_sweep_runs_its_grid_and_reports(tmp_path):
     mlflow_env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     sweep_dir, report_dir = tmp_path / "sweep", tmp_path / "report"
     for args in (
-        ["-m", "experiment=cpu-ensemble-sweep", "gen.max_new_tokens=3", "dataset.limit=1", "eval.warmup=false",
-         f"hydra.sweep.dir={sweep_dir}"],
+        ["-m", "experiment=cpu-ensemble-sweep", "gen.max_new_tokens=3", "dataset.limit=1",
+         "eval.warmup=false", f"hydra.sweep.dir={sweep_dir}"],
         ["task=report", f"task.sweep_dir={sweep_dir}", f"hydra.run.dir={report_dir}"],
     ):  # fmt: skip
         proc = launch(args, env_extra=mlflow_env, timeout=900)

@@ -236,7 +236,8 @@ def test_a_vocabulary_for_another_vocabulary_size_or_a_transformed_head_is_refus
 # -- sampling: sd with the reduced-vocabulary drafter samples the verifier's distribution -------------------
 
 SAMPLE_ROWS = 4000
-HEAD = 320  # the sampling tests compare over the whole LM head, as the exact reference (tests/distribution.py) does
+# the sampling tests compare over the whole LM head, as the exact reference (tests/distribution.py) does
+HEAD = 320
 
 
 def chi_square_vocab(arch: str, prompt: list[int]) -> DraftVocab:
@@ -487,15 +488,16 @@ def test_profile_task_times_the_reduced_vocabulary_drafter_and_records_its_size(
     proc = launch(
         ["task=profile", "model/verifier=tiny-random", "model/drafter=tiny-random",
          f"model.drafter.draft_vocab={sources['saved']}", "profile.max_n=2", "profile.repeats=1",
-         "profile.context_len=8", f"profile.output={out}", "tracking=none", f"hydra.run.dir={tmp_path / 'run'}"],
+         "profile.context_len=8", f"profile.output={out}", "tracking=none",
+         f"hydra.run.dir={tmp_path / 'run'}"],
         cache_dir=tmp_path / "cache",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text())["meta"]["draft_vocab_size"] == 64
     assert "draft vocabulary 64" in proc.stdout
     bad = launch(
-        ["task=profile", "model/verifier=tiny-random", "model/drafter=tiny-random", "model.drafter.draft_vocab_size=64",
-         "tracking=none", f"hydra.run.dir={tmp_path / 'bad'}"],
+        ["task=profile", "model/verifier=tiny-random", "model/drafter=tiny-random",
+         "model.drafter.draft_vocab_size=64", "tracking=none", f"hydra.run.dir={tmp_path / 'bad'}"],
         cache_dir=tmp_path / "cache",
     )  # fmt: skip
     assert bad.returncode == 2 and "Traceback" not in bad.stderr

@@ -202,8 +202,9 @@ def mlflow_store(tmp_path, monkeypatch) -> dict:
             client.log_param(run_id, key, value)
         acceptance = 0.3 + (weight or 0.0) / 2
         metrics = {"tau": 1 + 4 * acceptance, "acceptance_rate": acceptance, "tokens_per_s": 10.0 + gamma,
-                   "speedup": 1.1, "quality_rouge2": quality, "quality_num_scored": 8.0, "acceptance_pos_1": acceptance + 0.1,
-                   "acceptance_pos_2": acceptance, "gamma": float(gamma)}  # fmt: skip
+                   "speedup": 1.1, "quality_rouge2": quality, "quality_num_scored": 8.0,
+                   "acceptance_pos_1": acceptance + 0.1, "acceptance_pos_2": acceptance,
+                   "gamma": float(gamma)}  # fmt: skip
         for key, value in metrics.items():
             client.log_metric(run_id, key, value)
         for key, value in {"specbench.task": "eval", "specbench.method": method, "team": "a"}.items():
@@ -313,16 +314,16 @@ def test_shards_of_one_configuration_merge_exactly():
         "job0",
         {"tau": 1.6, "verifier_forwards": 10, "mean_drafted_per_round": 3.0, "acceptance_rate": 0.2,
          "new_tokens": 16, "wall_time_s": 2.0, "tokens_per_s": 8.0, "num_samples": 1,
-         "baseline_new_tokens": 16, "baseline_wall_time_s": 1.0, "speedup": 0.5, "quality_exact_match": 1.0, "quality_num_scored": 1,
-         "acceptance_pos_1": 0.3},
+         "baseline_new_tokens": 16, "baseline_wall_time_s": 1.0, "speedup": 0.5, "quality_exact_match": 1.0,
+         "quality_num_scored": 1, "acceptance_pos_1": 0.3},
         {**common, "eval.shard_id": "0", "eval.output_dir": "a"},
     )  # fmt: skip
     shard_b = record(
         "job1",
         {"tau": 2.5, "verifier_forwards": 30, "mean_drafted_per_round": 3.0, "acceptance_rate": 0.5,
          "new_tokens": 75, "wall_time_s": 3.0, "tokens_per_s": 25.0, "num_samples": 3,
-         "baseline_new_tokens": 75, "baseline_wall_time_s": 5.0, "speedup": 1.67, "quality_exact_match": 0.0, "quality_num_scored": 3,
-         "acceptance_pos_1": 0.7},
+         "baseline_new_tokens": 75, "baseline_wall_time_s": 5.0, "speedup": 1.67, "quality_exact_match": 0.0,
+         "quality_num_scored": 3, "acceptance_pos_1": 0.7},
         {**common, "eval.shard_id": "1", "eval.output_dir": "b"},
     )  # fmt: skip
     other = record("solo", {"tau": 1.0}, {"method.name": "auto"})
@@ -393,7 +394,8 @@ def test_the_report_groups_by_model_pair_and_dataset_and_names_what_differs(tmp_
             name,
             {"tau": tau, "acceptance_rate": tau / 10, "tokens_per_s": 10.0, "acceptance_pos_1": 0.5,
              "acceptance_pos_2": 0.4},
-            {"method.name": method, "schedule.gamma": str(gamma), **{f"method.{k}": str(v) for k, v in params.items()}},
+            {"method.name": method, "schedule.gamma": str(gamma),
+             **{f"method.{k}": str(v) for k, v in params.items()}},
             {"verifier": verifier, "drafter": drafter, "dataset": dataset},
         )  # fmt: skip
 
@@ -416,7 +418,8 @@ def test_the_report_groups_by_model_pair_and_dataset_and_names_what_differs(tmp_
     report = write_report(Selection(runs, "four runs"), tmp_path)
     table = report.table
     assert list(zip(table["pair"], table["dataset"], table["run"])) == [
-        ("v1 + d1", "gsm8k", "d"), ("v1 + d1", "gsm8k", "c"), ("v1 + d1", "xsum", "b"), ("v2 + d2", "gsm8k", "a"),
+        ("v1 + d1", "gsm8k", "d"), ("v1 + d1", "gsm8k", "c"), ("v1 + d1", "xsum", "b"),
+        ("v2 + d2", "gsm8k", "a"),
     ]  # fmt: skip
     markdown = (tmp_path / MARKDOWN_FILE).read_text()
     lines = markdown.splitlines()

@@ -44,11 +44,12 @@ PROMPTS = {"set": "spec_bench heldout", "count": 4}
 def _record(date: str, speedup: float, setup: str = "fallback", **extra):
     rows = [
         {"setup": "autoregressive", "figures": {"tokens_per_s": figure(10.0)}, "identical_outputs": True},
-        {"setup": setup, "figures": {"speedup": figure(speedup, [1.1, 1.3, 1.6, 1.2], unit="x"), "tau": figure(1.5)},
+        {"setup": setup,
+         "figures": {"speedup": figure(speedup, [1.1, 1.3, 1.6, 1.2], unit="x"), "tau": figure(1.5)},
          "identical_outputs": True, "headline": True},
     ]  # fmt: skip
-    return make_record("eagle3", "python benchmarks/eagle3.py --per-task 1", dict(MACHINE), dict(PROMPTS), rows,
-                       commit="0123456789abcdef", date=date, **extra)  # fmt: skip
+    return make_record("eagle3", "python benchmarks/eagle3.py --per-task 1", dict(MACHINE), dict(PROMPTS),
+                       rows, commit="0123456789abcdef", date=date, **extra)  # fmt: skip
 
 
 def test_bootstrap_interval_brackets_the_statistic_and_narrows_with_more_data():
@@ -191,9 +192,10 @@ def _eval_run(tmp_path, match_rate=1.0):
          "baseline_wall_time_s": 1.0, "baseline_tokens_per_s": 30.0},
     ]  # fmt: skip
     (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    metrics = {"method": "sd", "schedule": "constant", "gamma": 3, "drafter": "d", "tau": 1.2, "acceptance_rate": 0.1,
-               "tokens_per_s": 20.0, "baseline_tokens_per_s": 40 / 3, "speedup": 1.5, "baseline_match_rate": match_rate,
-               "dataset": "demo", "num_samples": 2, "device": "cpu", "dtype": "float32", "num_threads": 1}  # fmt: skip
+    metrics = {"method": "sd", "schedule": "constant", "gamma": 3, "drafter": "d", "tau": 1.2,
+               "acceptance_rate": 0.1, "tokens_per_s": 20.0, "baseline_tokens_per_s": 40 / 3, "speedup": 1.5,
+               "baseline_match_rate": match_rate, "dataset": "demo", "num_samples": 2, "device": "cpu",
+               "dtype": "float32", "num_threads": 1}  # fmt: skip
     (run / "metrics.json").write_text(json.dumps(metrics))
     return run
 

@@ -82,10 +82,12 @@ def test_values_may_be_wider_than_queries_and_keys():
 @pytest.mark.parametrize("queries", [2, 3, 4, 7, 8, 11, 17])
 @pytest.mark.parametrize("keys", [30, 35, 41, 66, 130, 257, 1026, 1027, 1029, 1100, 2060])
 def test_a_query_in_a_block_gets_the_bits_it_gets_alone(queries, keys):
-    """Keys around 1024 are where the probability-value product's blocking changed with the number of keys on AMD
-    EPYC (a block of 7 over 1026–1029 keys against its first query alone over 1020–1023 gave other bits); on
-    Intel Xeon with AMX already a few dozen keys do (a block of 2 over 35 keys against its first query alone)."""
-    """Query j of a block of Q (the last Q positions) == the one-query call over keys 0..K-Q+j, bit for bit."""
+    """Keys around 1024 are where the probability-value product's blocking changed with the number of keys on
+    AMD EPYC (a block of 7 over 1026–1029 keys against its first query alone over 1020–1023 gave other bits);
+    on Intel Xeon with AMX already a few dozen keys do (a block of 2 over 35 keys against its first query
+    alone)."""
+    """Query j of a block of Q (the last Q positions) == the one-query call over keys 0..K-Q+j, bit for
+    bit."""
     q, k, v = _qkv(batch=1, queries=queries, keys=keys, dim=64, seed=keys)
     module = _Attention(3)
     block, _ = row_invariant_sdpa(module, q, k, v, None)
@@ -158,8 +160,8 @@ def test_float32_and_long_blocks_keep_sdpa_exactly():
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize(("in_features", "out_features"), [(48, 576), (1536, 576), (576, 192), (576, 4096)])
 def test_a_single_bf16_row_gets_the_bits_of_a_row_in_a_block(in_features, out_features, bias):
-    """SmolLM2-135M's shapes (1536 -> 576: the down projection; 576 -> 192: k / v; a wide LM-head-like one): a row
-    alone, in blocks of 2..64 rows and in a batch gets the same bits, those of the transposed product."""
+    """SmolLM2-135M's shapes (1536 -> 576: the down projection; 576 -> 192: k / v; a wide LM-head-like one): a
+    row alone, in blocks of 2..64 rows and in a batch gets the same bits, those of the transposed product."""
     torch.manual_seed(0)
     layer = nn.Linear(in_features, out_features, bias=bias)
     layer.weight.data = torch.randn(out_features, in_features) / in_features**0.5

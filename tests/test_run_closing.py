@@ -148,10 +148,10 @@ def test_sigterm_during_lightning_training_ends_the_run_killed(mlflow_uri, tmp_p
                             for i, w in enumerate(["hello", "cat", "dog", "red", "sun", "sky"])))  # fmt: skip
     out = tmp_path / "train"
     proc = start(
-        ["task=train", "model/verifier=tiny-random", "model/drafter=tiny-random", "method=diversed", "dataset=jsonl",
-         f"dataset.path={data}", "dataset.metric=bleu", "gen.max_new_tokens=6", "train.max_steps=5000",
-         "train.batch_size=2", "train.val_every_steps=1000", "train.checkpoint_every_steps=1",
-         f"train.output_dir={out}", f"hydra.run.dir={tmp_path / 'h'}"],
+        ["task=train", "model/verifier=tiny-random", "model/drafter=tiny-random", "method=diversed",
+         "dataset=jsonl", f"dataset.path={data}", "dataset.metric=bleu", "gen.max_new_tokens=6",
+         "train.max_steps=5000", "train.batch_size=2", "train.val_every_steps=1000",
+         "train.checkpoint_every_steps=1", f"train.output_dir={out}", f"hydra.run.dir={tmp_path / 'h'}"],
         tmp_path,
     )  # fmt: skip
     wait_for(out / "checkpoints" / "last.ckpt", proc)  # training is under way
@@ -174,8 +174,9 @@ def test_scancel_of_a_slurm_job_ends_its_run_killed_and_the_submitter_learns_it(
     if reason:
         pytest.skip(reason)
     sweep_dir = tmp_path / "sweep"
-    proc = start(["-m", "hydra/launcher=submitit_slurm", "+cluster=slurm-local", *TINY, "gen.max_new_tokens=64",
-                  "schedule.gamma=2", f"hydra.sweep.dir={sweep_dir}"], tmp_path)  # fmt: skip
+    proc = start(["-m", "hydra/launcher=submitit_slurm", "+cluster=slurm-local", *TINY,
+                  "gen.max_new_tokens=64", "schedule.gamma=2",
+                  f"hydra.sweep.dir={sweep_dir}"], tmp_path)  # fmt: skip
     wait_for(sweep_dir / "0" / "samples.jsonl", proc, timeout=300)
     (job_id,) = jobs_submitted_under(sweep_dir)
     subprocess.run(["scancel", job_id], check=True)

@@ -49,7 +49,8 @@ def test_one_run_writes_both_answer_files_and_the_table(tmp_path, question_path,
     code = sb.main(
         [
             "--questions", str(question_path), "--verifier", "tiny-random", "--drafter", "tiny-random",
-            "--max-new-tokens", "8", "--out-dir", str(out), "--limit", "3", "--results-dir", str(tmp_path / "results"),
+            "--max-new-tokens", "8", "--out-dir", str(out), "--limit", "3",
+            "--results-dir", str(tmp_path / "results"),
         ]
     )  # fmt: skip
     assert code == 0

@@ -357,8 +357,8 @@ def test_two_launches_in_the_same_second_get_their_own_run_dirs(tmp_path):
         cwd = tmp_path / str(attempt)
         cwd.mkdir()
         procs = [
-            subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *TINY, "schedule.gamma=0"], cwd=cwd, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *TINY, "schedule.gamma=0"], cwd=cwd,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)
         ]  # fmt: skip
         for proc in procs:

@@ -186,7 +186,10 @@ def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
             ["method=dflash", "model/drafter=dflash", "train.data=.", "model.drafter.params.path=x.pt"],
             "task=train method=dflash trains a new drafter; model.drafter.params.path must be null",
         ),
-        (["method=sd2", "steering=none"], "task=train method=sd2 trains an SD² steering head: add steering=sd2"),
+        (
+            ["method=sd2", "steering=none"],
+            "task=train method=sd2 trains an SD² steering head: add steering=sd2",
+        ),
         ([*SD2], "task=train method=sd2 needs train.data=DIR"),
         ([*SD2, "train.data=/no/such/dir"], "train.data: '/no/such/dir' does not exist"),
         (["method=distill", "steering.finetune_drafter=none", "train.data=."], "would train nothing"),
@@ -249,9 +252,9 @@ def test_the_training_console_is_progress_and_results(tmp_path, mlflow_uri):
                             for i, w in enumerate(words)))  # fmt: skip
     out = tmp_path / "out"
     proc = launch(
-        ["task=train", *TINY, "method=diversed", "dataset=jsonl", f"dataset.path={data}", "dataset.metric=bleu",
-         "gen.max_new_tokens=6", "train.val_prompts=2", *SHORT, f"train.output_dir={out}",
-         f"hydra.run.dir={out / 'hydra'}"],
+        ["task=train", *TINY, "method=diversed", "dataset=jsonl", f"dataset.path={data}",
+         "dataset.metric=bleu", "gen.max_new_tokens=6", "train.val_prompts=2", *SHORT,
+         f"train.output_dir={out}", f"hydra.run.dir={out / 'hydra'}"],
         timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -261,8 +264,12 @@ def test_the_training_console_is_progress_and_results(tmp_path, mlflow_uri):
     ], console  # fmt: skip
     assert console[3].startswith("step 3/4  ") and "mean_draft_weight 0.5" in console[3]
     assert console[-2] == f"trained diversed: step 4, checkpoint {out / 'trained.pt'}"
-    assert console[-1].startswith("evaluate it: python launch.py model/verifier=tiny-random model/drafter=tiny-random")
-    assert console[-1].endswith(f"dataset.metric=bleu gen.max_new_tokens=6 method.head_checkpoint={out / 'trained.pt'}")
+    assert console[-1].startswith(
+        "evaluate it: python launch.py model/verifier=tiny-random model/drafter=tiny-random"
+    )
+    assert console[-1].endswith(
+        f"dataset.metric=bleu gen.max_new_tokens=6 method.head_checkpoint={out / 'trained.pt'}"
+    )
 
 
 @pytest.mark.parametrize("native", [True, False])

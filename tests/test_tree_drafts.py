@@ -135,8 +135,9 @@ def tree_engine(
 
 
 @pytest.mark.parametrize(("batch_size", "width", "gamma"), [(1, 3, 2), (4, 3, 2), (4, 4, 1), (1, 2, 4)])
-def test_greedy_tree_decoding_equals_the_verifiers_greedy_output(verifier, data, trained_head, batch_size, width,
-                                                                 gamma):  # fmt: skip
+def test_greedy_tree_decoding_equals_the_verifiers_greedy_output(
+    verifier, data, trained_head, batch_size, width, gamma
+):
     rows = [data["train"][i] for i in range(4)] + [data["validation"][0]]
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
     prompts[2] = prompts[2][:9]
@@ -209,7 +210,8 @@ def test_suffix_drafter_with_a_tree_drafting_head_as_fallback_stays_lossless(
     assert drafter.proposes_trees
     engine = SpeculativeEngine(
         verifier.model, drafter, schedule=DraftSchedule("constant", 6),
-        settings=GenerationSettings(max_new_tokens=30), vocab_size=VOCAB, eos_token_ids=[EOS_ID], pad_token_id=PAD_ID,
+        settings=GenerationSettings(max_new_tokens=30), vocab_size=VOCAB, eos_token_ids=[EOS_ID],
+        pad_token_id=PAD_ID,
     )  # fmt: skip
     rows = [data["train"][i] for i in range(6)] + [data["validation"][0], data["validation"][1]]
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]

@@ -19,8 +19,8 @@ from specbench.models.embedded import CACHE_SUBDIR, cache_root
 from specbench.models.spec import MODEL_KINDS, ModelSpec
 
 SOURCES = (
-    "a task=synth output dir (its draft_vocab_size most frequent response tokens) or a trained.pt that saved one "
-    "(EAGLE-3, or distill / sd2 trained over a draft vocabulary)"
+    "a task=synth output dir (its draft_vocab_size most frequent response tokens) or a trained.pt that saved "
+    "one (EAGLE-3, or distill / sd2 trained over a draft vocabulary)"
 )
 
 
@@ -66,8 +66,9 @@ def check_draft_vocab(spec: ModelSpec, key: str, verifier: ModelSpec | None) -> 
         )
     if spec.kind not in MODEL_KINDS:
         raise ConfigError(
-            f"{key}.draft_vocab_size / {key}.draft_vocab apply to model drafters (kind in {list(MODEL_KINDS)}), "
-            f"not kind={spec.kind!r} (an EAGLE-3 head keeps the draft vocabulary of its checkpoint); drop them"
+            f"{key}.draft_vocab_size / {key}.draft_vocab apply to model drafters (kind in "
+            f"{list(MODEL_KINDS)}), not kind={spec.kind!r} (an EAGLE-3 head keeps the draft vocabulary of "
+            "its checkpoint); drop them"
         )
     bound = known_vocab_size(verifier)
     try:
@@ -88,7 +89,9 @@ def check_draft_vocab(spec: ModelSpec, key: str, verifier: ModelSpec | None) -> 
         return
     for part, path in zip(parts, paths):
         if not path.is_dir() or not _is_synth_output(path):
-            raise ConfigError(f"{key}.draft_vocab={part!r} is neither a task=synth output dir nor a checkpoint file")
+            raise ConfigError(
+                f"{key}.draft_vocab={part!r} is neither a task=synth output dir nor a checkpoint file"
+            )
     if size is None:
         raise ConfigError(
             f"{key}.draft_vocab names task=synth data: set {key}.draft_vocab_size (how many of its most "
@@ -105,8 +108,8 @@ def _check_saved(path: Path, size: int | None, key: str, bound: int | None) -> N
     ids = metadata.get("draft_vocab_ids")
     if not isinstance(ids, list) or not ids:
         raise ConfigError(
-            f"{key}.draft_vocab={str(path)!r} is a method={metadata.get('method')!r} checkpoint that saved no "
-            f"draft vocabulary; pass {SOURCES}"
+            f"{key}.draft_vocab={str(path)!r} is a method={metadata.get('method')!r} checkpoint that saved "
+            f"no draft vocabulary; pass {SOURCES}"
         )
     saved_vocab = metadata.get("vocab_size")
     if bound is not None and isinstance(saved_vocab, int) and saved_vocab > bound:
@@ -135,8 +138,8 @@ def trained_vocab_spec(spec: ModelSpec, checkpoint: str | None, key: str) -> Mod
         return spec
     if spec.draft_vocab_size != len(ids):
         raise ConfigError(
-            f"model.drafter.draft_vocab_size={spec.draft_vocab_size}, but {key}={checkpoint!r} was trained over "
-            f"a draft vocabulary of {len(ids)} tokens, which it decodes with; set "
+            f"model.drafter.draft_vocab_size={spec.draft_vocab_size}, but {key}={checkpoint!r} was trained "
+            f"over a draft vocabulary of {len(ids)} tokens, which it decodes with; set "
             f"model.drafter.draft_vocab_size={len(ids)} or null"
         )
     return spec if spec.draft_vocab is not None else replace(spec, draft_vocab_size=None)

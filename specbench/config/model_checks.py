@@ -72,7 +72,8 @@ def verifier_spec(cfg: DictConfig) -> ModelSpec:
     verifier = model_spec(cfg.model.verifier, "model.verifier", cfg.runtime.get("tp_plan"))
     if verifier.kind not in VERIFIER_KINDS:
         raise ConfigError(
-            f"model.verifier.kind={verifier.kind!r} is only valid for a drafter; allowed: {list(VERIFIER_KINDS)}"
+            f"model.verifier.kind={verifier.kind!r} is only valid for a drafter; "
+            f"allowed: {list(VERIFIER_KINDS)}"
         )
     check_model_source(verifier, "model.verifier")
     check_draft_vocab(verifier, "model.verifier", None)
@@ -102,9 +103,9 @@ def check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str, 
         _check_dflash_path(params.get("path"))
     if str(drafter._target_).startswith("specbench.drafters.eagle3") and not params.get("path"):
         raise ConfigError(
-            "model.drafter.params.path is null: pass the trained.pt of `task=train method=eagle3`, an EAGLE / "
-            "SpecForge checkpoint directory or a hub id (the head to decode with; the embedded verifier's committed head: "
-            "model/drafter=eagle3-smollm2)"
+            "model.drafter.params.path is null: pass the trained.pt of `task=train method=eagle3`, an "
+            "EAGLE / SpecForge checkpoint directory or a hub id (the head to decode with; the embedded "
+            "verifier's committed head: model/drafter=eagle3-smollm2)"
         )
     if str(drafter._target_).startswith("specbench.drafters.eagle3"):
         from specbench.drafters.eagle3_format import looks_like_file, resolve_head_path
@@ -115,13 +116,15 @@ def check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str, 
                 f"model.drafter.params.path={params['path']!r}: no such file (a trained.pt of `task=train "
                 "method=eagle3`, relative to the working directory or the project root)"
             )
-    check_drafter_tree_width(params.get("tree_width", 1), method, method_cfg, "model.drafter.params.tree_width")
+    check_drafter_tree_width(
+        params.get("tree_width", 1), method, method_cfg, "model.drafter.params.tree_width"
+    )
     factory = checked("model.drafter", check_drafter_spec, drafter._target_, params)
     if method == "diversed" and is_deterministic(factory):
         raise ConfigError(
-            f"method=diversed pools the drafter's distribution q and reads its hidden states, but "
-            f"model.drafter._target_={drafter._target_!r} proposes tokens without either; use a model drafter or an "
-            "EAGLE-3 head (model/drafter=eagle3-smollm2)"
+            "method=diversed pools the drafter's distribution q and reads its hidden states, but "
+            f"model.drafter._target_={drafter._target_!r} proposes tokens without either; use a model "
+            "drafter or an EAGLE-3 head (model/drafter=eagle3-smollm2)"
         )
     if is_deterministic(factory) and (method in METHODS or method_cfg.get("_target_")) and method != "auto":
         from specbench.decoding.methods import build_rule, build_target_rule
@@ -133,8 +136,9 @@ def check_plugin_drafter(drafter: ModelSpec, method: str, method_cfg: dict[str, 
         )
         if not rule.accepts_deterministic:
             raise ConfigError(
-                f"method={method} needs the drafter's distribution q, but model.drafter._target_={drafter._target_!r} "
-                "proposes tokens without one; use method=sd, block, lossy, typical or fly, or a model drafter"
+                f"method={method} needs the drafter's distribution q, but "
+                f"model.drafter._target_={drafter._target_!r} proposes tokens without one; use method=sd, "
+                "block, lossy, typical or fly, or a model drafter"
             )
 
 
@@ -165,6 +169,6 @@ def check_drafter_tree_width(width: Any, method: str, method_cfg: dict[str, Any]
     checked(key, values.check_tree_width, width, key)
     if width > 1 and (method not in (*EXACT_RULE_METHODS, "auto") or method_cfg.get("_target_")):
         raise ConfigError(
-            f"{key}={width}: trees of drafts are verified by the exact sd rule only, not method={method}; use "
-            "method=sd, or tree_width=1 for a chain"
+            f"{key}={width}: trees of drafts are verified by the exact sd rule only, not method={method}; "
+            "use method=sd, or tree_width=1 for a chain"
         )

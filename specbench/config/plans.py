@@ -69,7 +69,9 @@ class RunPlan(_OnDevice):
         if self.rule_params.get("_target_"):
             from specbench.decoding.methods import build_target_rule
 
-            return checked("method", build_target_rule, self.rule_params["_target_"], self.rule_params["params"])
+            return checked(
+                "method", build_target_rule, self.rule_params["_target_"], self.rule_params["params"]
+            )
         from specbench.decoding.methods import build_rule
 
         return checked("method", build_rule, self.method, **self.rule_params)

@@ -39,7 +39,9 @@ def check_trained_method(method: str, params: dict[str, Any], steering: str, cfg
         return params.get("head_checkpoint")
     if method == "distill":
         if steering != "none":
-            raise ConfigError("method=distill decodes with a distilled drafter and no steering; use steering=none")
+            raise ConfigError(
+                "method=distill decodes with a distilled drafter and no steering; use steering=none"
+            )
         if not params.get("drafter_checkpoint"):
             raise ConfigError(
                 "method=distill needs method.drafter_checkpoint=PATH (the trained.pt or last.ckpt of "
@@ -125,9 +127,9 @@ def adopt_checkpoint_steering(cfg: DictConfig, metadata: dict, checkpoint: str) 
             continue
         if f"steering.{key}" in explicit:
             raise ConfigError(
-                f"steering.{key}={wanted!r} conflicts with steering.checkpoint={checkpoint!r}, which was trained "
-                f"with steering.{key}={trained!r}; drop the override (the checkpoint's value is used) or train a "
-                "checkpoint with it"
+                f"steering.{key}={wanted!r} conflicts with steering.checkpoint={checkpoint!r}, which was "
+                f"trained with steering.{key}={trained!r}; drop the override (the checkpoint's value is "
+                "used) or train a checkpoint with it"
             )
         adopted[key] = trained
     if adopted:

@@ -63,8 +63,8 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
     method, alias = method_of(cfg)
     if method not in (*TRAINED_METHODS, "eagle3", "dflash"):
         raise ConfigError(
-            f"task=train trains method=sd2, distill, diversed, eagle3 or dflash; method={requested!r} has nothing "
-            "to train"
+            f"task=train trains method=sd2, distill, diversed, eagle3 or dflash; method={requested!r} has "
+            "nothing to train"
         )
     steering = check_steering(cfg.steering)
     train = OmegaConf.to_container(cfg.train, resolve=True)
@@ -75,7 +75,8 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
         raise ConfigError(f"task=train method={method} trains no steering; use steering=none")
     if method == "distill" and cfg.steering.finetune_drafter == "none":
         raise ConfigError(
-            "task=train method=distill with steering.finetune_drafter=none would train nothing; use full or lora"
+            "task=train method=distill with steering.finetune_drafter=none would train nothing; "
+            "use full or lora"
         )
     if method == "diversed":
         checked("method.pool", values.check_pool, cfg.method.pool)
@@ -99,9 +100,10 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
         cfg.train.reward = resolved_reward(cfg)  # auto: recorded as what runs (config.yaml, MLflow params)
         if metric == "none" and cfg.train.reward == "task":
             raise ConfigError(
-                f"dataset.metric: DIVERSED training needs a per-sample reward, but dataset={cfg.dataset.name} "
-                "has metric 'none'; use a dataset with references (cnndm, xsum, wmt, gsm8k, humaneval, mbpp, "
-                "spec_bench translation/math_reasoning), set dataset.metric, or train on the verifier's "
+                "dataset.metric: DIVERSED training needs a per-sample reward, but "
+                f"dataset={cfg.dataset.name} has metric 'none'; use a dataset with references (cnndm, xsum, "
+                "wmt, gsm8k, humaneval, mbpp, spec_bench translation/math_reasoning), set dataset.metric, or "
+                "train on the verifier's "
                 "likelihood (train.reward=verifier_logp)"
             )
     device, dtype = check_runtime(cfg)
@@ -118,8 +120,8 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
     elif drafter.draft_vocab_size is not None or drafter.draft_vocab is not None:
         raise ConfigError(
             "model.drafter.draft_vocab_size / draft_vocab reduce a model drafter's vocabulary (task=train "
-            f"method=distill|sd2 trains over it); method={method} does not (EAGLE-3: train.draft_vocab_size): "
-            "drop them here"
+            f"method=distill|sd2 trains over it); method={method} does not (EAGLE-3: "
+            "train.draft_vocab_size): drop them here"
         )
     if method == "diversed" and drafter.kind == "drafter":
         check_plugin_drafter(drafter, method, OmegaConf.to_container(cfg.method, resolve=True))
@@ -173,8 +175,8 @@ def _check_dflash_training(cfg: DictConfig, train: dict[str, Any]) -> None:
         raise ConfigError("task=train method=dflash trains a DFlash drafter: add model/drafter=dflash")
     if (drafter.get("params") or {}).get("path"):
         raise ConfigError(
-            "task=train method=dflash trains a new drafter; model.drafter.params.path must be null (it names a "
-            "trained drafter to decode with)"
+            "task=train method=dflash trains a new drafter; model.drafter.params.path must be null (it names "
+            "a trained drafter to decode with)"
         )
     if cfg.steering.name != "none":
         raise ConfigError("task=train method=dflash trains no steering; use steering=none")
@@ -183,19 +185,24 @@ def _check_dflash_training(cfg: DictConfig, train: dict[str, Any]) -> None:
             raise ConfigError(f"train.{key} must be >= 1, got {train[key]}")
     if train["dflash_block_size"] < 2:
         raise ConfigError(
-            f"train.dflash_block_size must be >= 2 (the last token and a mask slot), got {train['dflash_block_size']}"
+            "train.dflash_block_size must be >= 2 (the last token and a mask slot), "
+            f"got {train['dflash_block_size']}"
         )
     gamma = train["dflash_loss_gamma"]
     if gamma is not None and not gamma > 0:
         raise ConfigError(f"train.dflash_loss_gamma must be > 0 or null (no decay), got {gamma}")
     if train["dflash_taps"] is not None and (not train["dflash_taps"] or min(train["dflash_taps"]) < 0):
-        raise ConfigError(f"train.dflash_taps must be non-negative verifier layer ids or null, got {train['dflash_taps']}")
+        raise ConfigError(
+            f"train.dflash_taps must be non-negative verifier layer ids or null, got {train['dflash_taps']}"
+        )
     if train["init_layer"] not in values.EAGLE3_INIT_LAYERS:
         raise ConfigError(
             f"train.init_layer must be one of {list(values.EAGLE3_INIT_LAYERS)}, got {train['init_layer']!r}"
         )
     if train["init_head"] is not None:
-        raise ConfigError("train.init_head continues an EAGLE-3 head; method=dflash resumes from last.ckpt instead")
+        raise ConfigError(
+            "train.init_head continues an EAGLE-3 head; method=dflash resumes from last.ckpt instead"
+        )
     if train["dflash_draft_vocab_size"] is not None and train["dflash_draft_vocab_size"] < 1:
         raise ConfigError(
             f"train.dflash_draft_vocab_size must be >= 1 or null, got {train['dflash_draft_vocab_size']}"
@@ -212,8 +219,8 @@ def _check_feature_keys(train: dict[str, Any]) -> None:
 
 
 def resolved_reward(cfg: Any) -> str:
-    """``train.reward``, with ``auto`` resolved as validation does: the dataset's metric where it has one, else
-    ``per_token_gate`` (a config built without :func:`~specbench.config.train_checks.validate_train`)."""
+    """``train.reward``, with ``auto`` resolved as validation does: the dataset's metric where it has one,
+    else ``per_token_gate`` (a config built without :func:`~specbench.config.train_checks.validate_train`)."""
     reward = str(cfg.train.reward)
     if reward != "auto":
         return reward

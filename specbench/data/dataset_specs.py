@@ -270,7 +270,10 @@ def _build_humaneval(row, where, s, k):
 
 def _mbpp_task(text: str, tests: list[str]) -> str:
     shown = "\n".join(tests[:1])
-    return f"You are an expert Python programmer, and here is your task: {text} Your code should pass this test:\n\n{shown}\n"
+    return (
+        f"You are an expert Python programmer, and here is your task: {text} Your code should pass this "
+        f"test:\n\n{shown}\n"
+    )
 
 
 def _build_mbpp(row, where, s, k):

@@ -12,8 +12,8 @@ from __future__ import annotations
 GSM8K_COT: tuple[tuple[str, str], ...] = (
     (
         (
-            "There are 15 trees in the grove. Grove workers will plant trees in the grove today. After they are "
-            "done, there will be 21 trees. How many trees did the grove workers plant today?"
+            "There are 15 trees in the grove. Grove workers will plant trees in the grove today. After they "
+            "are done, there will be 21 trees. How many trees did the grove workers plant today?"
         ),
         (
             "There are 15 trees originally. Then there were 21 trees after some more were planted. So there "
@@ -21,13 +21,16 @@ GSM8K_COT: tuple[tuple[str, str], ...] = (
         ),
     ),
     (
-        "If there are 3 cars in the parking lot and 2 more cars arrive, how many cars are in the parking lot?",
+        (
+            "If there are 3 cars in the parking lot and 2 more cars arrive, how many cars are in the parking "
+            "lot?"
+        ),
         "There are originally 3 cars. 2 more cars arrive. 3 + 2 = 5. The answer is 5.",
     ),
     (
         (
-            "Leah had 32 chocolates and her sister had 42. If they ate 35, how many pieces do they have left in "
-            "total?"
+            "Leah had 32 chocolates and her sister had 42. If they ate 35, how many pieces do they have left "
+            "in total?"
         ),
         (
             "Originally, Leah had 32 chocolates. Her sister had 42. So in total they had 32 + 42 = 74. After "
@@ -46,12 +49,12 @@ GSM8K_COT: tuple[tuple[str, str], ...] = (
     ),
     (
         (
-            "Shawn has five toys. For Christmas, he got two toys each from his mom and dad. How many toys does "
-            "he have now?"
+            "Shawn has five toys. For Christmas, he got two toys each from his mom and dad. How many toys "
+            "does he have now?"
         ),
         (
-            "Shawn started with 5 toys. If he got 2 toys each from his mom and dad, then that is 4 more toys. "
-            "5 + 4 = 9. The answer is 9."
+            "Shawn started with 5 toys. If he got 2 toys each from his mom and dad, then that is 4 more "
+            "toys. 5 + 4 = 9. The answer is 9."
         ),
     ),
     (
@@ -60,8 +63,8 @@ GSM8K_COT: tuple[tuple[str, str], ...] = (
             "monday to thursday. How many computers are now in the server room?"
         ),
         (
-            "There were originally 9 computers. For each of 4 days, 5 more computers were added. So 5 * 4 = 20 "
-            "computers were added. 9 + 20 is 29. The answer is 29."
+            "There were originally 9 computers. For each of 4 days, 5 more computers were added. So "
+            "5 * 4 = 20 computers were added. 9 + 20 is 29. The answer is 29."
         ),
     ),
     (
@@ -70,8 +73,8 @@ GSM8K_COT: tuple[tuple[str, str], ...] = (
             "many golf balls did he have at the end of wednesday?"
         ),
         (
-            "Michael started with 58 golf balls. After losing 23 on tuesday, he had 58 - 23 = 35. After losing "
-            "2 more, he had 35 - 2 = 33 golf balls. The answer is 33."
+            "Michael started with 58 golf balls. After losing 23 on tuesday, he had 58 - 23 = 35. After "
+            "losing 2 more, he had 35 - 2 = 33 golf balls. The answer is 33."
         ),
     ),
     (
@@ -87,8 +90,8 @@ MBPP_EXEMPLARS: tuple[dict, ...] = (
     {
         "text": "Write a function to find the shared elements from the given two lists.",
         "test_list": ["assert set(similar_elements((3, 4, 5, 6), (5, 7, 4, 10))) == set((4, 5))"],
-        "code": "def similar_elements(test_tup1, test_tup2):\n    res = tuple(set(test_tup1) & set(test_tup2))\n"
-        "    return res",
+        "code": "def similar_elements(test_tup1, test_tup2):\n"
+        "    res = tuple(set(test_tup1) & set(test_tup2))\n    return res",
     },
     {
         "text": "Write a python function to identify non-prime numbers.",

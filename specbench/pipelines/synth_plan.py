@@ -146,7 +146,10 @@ def check_resumable(out_dir: str | Path, settings: SynthSettings, identity: Mapp
     rows_file = rows_path(out_dir, settings.shard_id, settings.num_shards)
     if not rows_file.exists():
         return
-    fix = "pass synth.resume=false to start over (the old rows are kept aside) or choose another synth.output_dir"
+    fix = (
+        "pass synth.resume=false to start over (the old rows are kept aside) or choose another "
+        "synth.output_dir"
+    )
     record_file = settings_path(out_dir, settings.shard_id, settings.num_shards)
     try:
         record = json.loads(record_file.read_text(encoding="utf-8"))

@@ -15,9 +15,11 @@ def add_record_options(parser: argparse.ArgumentParser) -> None:
     """``--no-record`` and ``--results-dir`` (default: the project's results/)."""
     parser.add_argument("--no-record", action="store_true", help="do not keep this run as a result record")
     parser.add_argument("--results-dir", default=str(RESULTS_DIR),
-                        help="where the run's result record goes (default: the project's results/)")  # fmt: skip
+                        help="where the run's result record goes "
+                        "(default: the project's results/)")  # fmt: skip
     parser.add_argument("--headline", default="",
-                        help="comma list of setup names (rows) to mark for the README's results table")  # fmt: skip
+                        help="comma list of setup names (rows) to mark for the README's "
+                        "results table")  # fmt: skip
 
 
 def headline_setups(args: argparse.Namespace) -> list[str]:

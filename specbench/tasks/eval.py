@@ -128,12 +128,14 @@ class EvalTask(Task):
         todo = [i for i in selected if key({"id": prompts[i].id, "index": i}) not in finished]
         if done:
             print(
-                f"resuming {out / SAMPLES_FILE}: {len(done)} of {len(selected)} samples done, {len(todo)} to decode"
+                f"resuming {out / SAMPLES_FILE}: {len(done)} of {len(selected)} samples done, "
+                f"{len(todo)} to decode"
             )
         if cfg.runtime.num_threads is not None:
             torch.set_num_threads(cfg.runtime.num_threads)
         print(f"device {plan.device}, dtype {str(plan.dtype).removeprefix('torch.')} "
-              f"(runtime.dtype={cfg.runtime.dtype}{dtype_reason(plan) if cfg.runtime.dtype == 'auto' else ''})")
+              f"(runtime.dtype={cfg.runtime.dtype}"
+              f"{dtype_reason(plan) if cfg.runtime.dtype == 'auto' else ''})")
         started = time.perf_counter()
         verifier, drafter, engine, baseline = self._build_engines(plan)
         load_s = time.perf_counter() - started
@@ -174,7 +176,8 @@ class EvalTask(Task):
         return metrics
 
     def _build_engines(self, plan: RunPlan):
-        """The loaded verifier, the method's drafter (None: autoregressive), its engine and the AR baseline."""
+        """The loaded verifier, the method's drafter (None: autoregressive), its engine and the AR
+        baseline."""
         from specbench.models.pair import PairMismatchError
         from specbench.tasks.method_parts import load_method_parts
 
@@ -182,8 +185,9 @@ class EvalTask(Task):
         try:
             parts = load_method_parts(plan, verifier, drafter)
             engine, baseline = _library("build_engines")(
-                verifier, parts.drafter, parts.rule, plan.schedule, plan.settings, baseline=self.cfg.eval.baseline,
-                steering=parts.steering, profile=_cost_profile(self.cfg.schedule),
+                verifier, parts.drafter, parts.rule, plan.schedule, plan.settings,
+                baseline=self.cfg.eval.baseline, steering=parts.steering,
+                profile=_cost_profile(self.cfg.schedule),
             )
         except PairMismatchError as err:
             raise ConfigError(f"model.drafter does not fit model.verifier: {err}") from err
@@ -272,7 +276,9 @@ class EvalTask(Task):
         from specbench.models.loading import load_verifier
         from specbench.pairs import load_drafter
 
-        verifier = load_verifier(plan.verifier, plan.device, plan.dtype, placement=verifier_placement(self.cfg, plan))
+        verifier = load_verifier(
+            plan.verifier, plan.device, plan.dtype, placement=verifier_placement(self.cfg, plan)
+        )
         drafter = load_drafter(plan.drafter, verifier, plan.device, plan.dtype) if plan.drafter else None
         return verifier, drafter
 
@@ -323,7 +329,9 @@ def dtype_reason(plan: RunPlan) -> str:
         return ": bf16 off the CPU"
     from specbench.models.devices import cpu_has_native_bf16
 
-    return ": this CPU has native bf16 dot products" if cpu_has_native_bf16() else ": no native bf16 on this CPU"
+    return (
+        ": this CPU has native bf16 dot products" if cpu_has_native_bf16() else ": no native bf16 on this CPU"
+    )
 
 
 

@@ -65,7 +65,8 @@ def close_orphaned_sweeps(client: Any, experiment_ids: list[str]) -> list[str]:
     runs = store.retry(
         client.search_runs,
         experiment_ids,
-        filter_string=f"attributes.status = 'RUNNING' and tags.`specbench.role` = 'sweep' and tags.`{SUBMITTER_HOST}` = '{host}'",
+        filter_string="attributes.status = 'RUNNING' and tags.`specbench.role` = 'sweep' "
+        f"and tags.`{SUBMITTER_HOST}` = '{host}'",
         max_results=1000,
     )
     closed = []
@@ -73,7 +74,10 @@ def close_orphaned_sweeps(client: Any, experiment_ids: list[str]) -> list[str]:
         pid = run.data.tags.get(SUBMITTER_PID, "")
         if not pid.isdigit() or _alive(int(pid)):
             continue
-        message = f"the submitting process (pid {pid} on {host}) died without ending this sweep; closed by a later launch"
+        message = (
+            f"the submitting process (pid {pid} on {host}) died without ending this sweep; closed by a later "
+            "launch"
+        )
         doomed = [run]
         if run.data.tags.get("specbench.launcher") == "BasicLauncher":  # its jobs ran in that process too
             doomed += store.retry(

@@ -110,13 +110,13 @@ class DiversedSettings:
         train, gen = cfg.train, cfg.gen
         return cls(
             pool=str(cfg.method.pool), max_new_tokens=int(gen.max_new_tokens),
-            rollout_temperature=float(train.rollout_temperature), top_k=int(gen.top_k), top_p=float(gen.top_p),
-            rollouts_per_prompt=int(train.rollouts_per_prompt), baseline_ema=float(train.baseline_ema),
-            regularizer=str(train.regularizer), regularizer_weight=float(train.regularizer_weight),
-            target_weight=float(train.target_weight), reward=_reward(cfg),
-            reward_weight=float(train.reward_weight), lr_start=float(train.lr_start),
-            weight_decay=float(train.weight_decay), grad_clip=float(train.grad_clip or 0.0), seed=int(train.seed),
-            gamma=int(cfg.schedule.gamma), schedule=str(cfg.schedule.name),
+            rollout_temperature=float(train.rollout_temperature), top_k=int(gen.top_k),
+            top_p=float(gen.top_p), rollouts_per_prompt=int(train.rollouts_per_prompt),
+            baseline_ema=float(train.baseline_ema), regularizer=str(train.regularizer),
+            regularizer_weight=float(train.regularizer_weight), target_weight=float(train.target_weight),
+            reward=_reward(cfg), reward_weight=float(train.reward_weight), lr_start=float(train.lr_start),
+            weight_decay=float(train.weight_decay), grad_clip=float(train.grad_clip or 0.0),
+            seed=int(train.seed), gamma=int(cfg.schedule.gamma), schedule=str(cfg.schedule.name),
         )  # fmt: skip
 
     @property
@@ -310,8 +310,8 @@ class DiversedModule(TrainedOnlyCheckpoint, L.LightningModule):
         if self._val_engine is None:
             s = self.settings
             settings = GenerationSettings(
-                max_new_tokens=s.max_new_tokens, temperature=s.rollout_temperature, top_k=s.top_k, top_p=s.top_p,
-                seed=s.seed,
+                max_new_tokens=s.max_new_tokens, temperature=s.rollout_temperature, top_k=s.top_k,
+                top_p=s.top_p, seed=s.seed,
             )  # fmt: skip
             schedule = DraftSchedule(s.schedule, gamma=s.gamma, max_gamma=max(s.gamma, 16))
             self._val_engine, _ = build_engines(self.verifier, self.drafter, self.rule(), schedule, settings,

@@ -85,7 +85,9 @@ def expected_log_likelihood(
     return (pool_distributions(p, q, w.unsqueeze(-1), pool) * log_p).sum(dim=-1)
 
 
-def _verifier_step(verifier: CachedModel, drafter: Drafter, tokens, valid) -> tuple[torch.Tensor, VerifierView]:
+def _verifier_step(
+    verifier: CachedModel, drafter: Drafter, tokens, valid
+) -> tuple[torch.Tensor, VerifierView]:
     """One verifier forward with its final-normed hidden state and the taps the drafter reads."""
     out = verifier.forward(tokens, valid, output_hidden=True, output_taps=drafter.needs.taps)
     return out.logits, VerifierView(tokens, valid, out.hidden, out.taps)
@@ -100,7 +102,9 @@ def _prefilled(
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if drafter.hidden_size is None:
-        raise ValueError(f"DIVERSED reads the drafter's hidden states, which drafter {drafter.name!r} does not have")
+        raise ValueError(
+            f"DIVERSED reads the drafter's hidden states, which drafter {drafter.name!r} does not have"
+        )
     state = BatchState.create(prompts, 1, max_new_tokens, eos_ids, pad_id, verifier.device)
     verifier.reset(state.size)
     drafter.reset(state.size)
@@ -131,19 +135,22 @@ def rollout(
     device = verifier.device
     state = _prefilled(verifier, drafter, prompts, max_new_tokens, eos_ids, pad_id)
     rows = state.size
-    sampler = DraftSampler(warping, torch.Generator(device=device).manual_seed(0), DraftSchedule("constant", gamma=1))
+    sampler = DraftSampler(
+        warping, torch.Generator(device=device).manual_seed(0), DraftSchedule("constant", gamma=1)
+    )
     caps = torch.ones(rows, dtype=torch.long, device=device)
     never_kept = torch.zeros(rows, dtype=torch.long, device=device)
     alive = torch.ones(rows, dtype=torch.bool, device=device)
-    out_tokens, masks, log_probs, agreements, weights, sd_agreements, verifier_lps = [], [], [], [], [], [], []
+    out_tokens, masks, log_probs, agreements, weights, sd_agreements, verifier_lps = (
+        [], [], [], [], [], [], []
+    )  # fmt: skip
     expected_lps, costs = [], []
     for step in range(max_new_tokens):
         proposal = drafter.propose(state, caps, sampler, want_hidden=True)
         if proposal.q is None or not bool((proposal.lengths == 1).all()):
             raise ValueError(
                 f"drafter {drafter.name!r} gave no distribution for every row (DIVERSED rollouts need q and "
-                "the "
-                "drafter's hidden state at every position; an EAGLE-3 head needs prompts of at least 2 "
+                "the drafter's hidden state at every position; an EAGLE-3 head needs prompts of at least 2 "
                 "tokens)"
             )
         last = state.last_tokens().unsqueeze(1)
@@ -157,7 +164,9 @@ def rollout(
             token = pi.argmax(dim=-1) if warping.greedy else sample(pi, generator)
             token = torch.where(alive, token, torch.full_like(token, pad_id))
             sd_agreements.append(1.0 - 0.5 * (p - q).abs().sum(dim=-1))
-            verifier_lps.append(torch.log_softmax(logits[:, 0], dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1))
+            verifier_lps.append(
+                torch.log_softmax(logits[:, 0], dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
+            )
         log_prob, agreement = pooled_log_prob_and_agreement(p, q, w, token, pool)
         log_p = torch.log_softmax(logits[:, 0], dim=-1)
         expected_lps.append(expected_log_likelihood(log_p, p, q, w, pool))

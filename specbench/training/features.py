@@ -9,16 +9,15 @@ One frozen-verifier pass over a synthetic dataset (``task=synth`` rows) gives, p
   restricted to a draft vocabulary (all of them, or the top-k), plus whether the verifier's argmax over
   the *full* vocabulary lies in the draft vocabulary (EAGLE-3 / SpecForge count only those positions).
 
-:func:`~specbench.training.batches.verifier_targets` computes them for a padded batch (the on-the-fly
-path), the targets packed as the cache stores them (one row per response-predicting position);
+:func:`~specbench.training.batches.verifier_targets` computes them for a padded batch (the on-the-fly path),
+the targets packed as the cache stores them (one row per response-predicting position);
 :func:`~specbench.training.batches.verifier_batch` scatters them to (B, T, ·) as the EAGLE-3 loss reads them.
 ``train.feature_cache=DIR`` stores them once (bf16) so that a training step runs only the drafter (EAGLE-3
-heads, and distill / SD² drafters:
-:mod:`specbench.training.synth_data` gives the batches); :func:`open_feature_cache` reuses a directory only
-when it was made by the same verifier (name, weights fingerprint, tokenizer hash) from the same data, with the
-requested taps (a superset is fine: an SD² run may read other layers of one cache, a distillation run
-none) and the same targets (draft vocabulary and top-k); otherwise it stops with a message naming the
-difference.
+heads, and distill / SD² drafters: :mod:`specbench.training.synth_data` gives the batches);
+:func:`open_feature_cache` reuses a directory only when it was made by the same verifier (name, weights
+fingerprint, tokenizer hash) from the same data, with the requested taps (a superset is fine: an SD² run may
+read other layers of one cache, a distillation run none) and the same targets (draft vocabulary and top-k);
+otherwise it stops with a message naming the difference.
 
 Layout of DIR: ``features.json`` (identity + sizes, written last: a directory without it is rebuilt),
 per split ``{split}-offsets.npy`` (row offsets into tokens and targets), ``{split}-tap{i}.bf16`` (tokens,
@@ -323,7 +322,9 @@ class _SplitWriter:
     packed target values, in-vocabulary flags and (top-k) indices."""
 
     def __init__(self, partial: Path, split: str, table: Any, hidden: int, taps: Sequence[int], targets):
-        self.split, self.table, self.hidden, self.taps, self.targets = split, table, hidden, tuple(taps), targets
+        self.split, self.table, self.hidden, self.taps, self.targets = (
+            split, table, hidden, tuple(taps), targets
+        )  # fmt: skip
         self.tokens, self.n_targets = _row_sizes(table)
         self.offsets = np.stack(
             [np.concatenate([[0], np.cumsum(self.tokens)]), np.concatenate([[0], np.cumsum(self.n_targets)])]
@@ -340,11 +341,15 @@ class _SplitWriter:
         if targets is not None:
             shape = (max(self.total_targets, 1), targets.width)
             self.values = np.memmap(partial / f"{split}-target-values.bf16", np.int16, "w+", shape=shape)
-            self.in_vocab = np.memmap(partial / f"{split}-target-in-vocab.u8", np.uint8, "w+", shape=(shape[0],))
+            self.in_vocab = np.memmap(
+                partial / f"{split}-target-in-vocab.u8", np.uint8, "w+", shape=(shape[0],)
+            )
             if targets.top_k:
                 self.index = np.memmap(partial / f"{split}-target-index.i32", np.int32, "w+", shape=shape)
 
-    def write(self, model: Any, pad_id: int, batch_size: int, log: Callable[[str], None], started: float) -> dict:
+    def write(
+        self, model: Any, pad_id: int, batch_size: int, log: Callable[[str], None], started: float
+    ) -> dict:
         """Run the verifier over the split's rows, batched by length; the split's row/token/target counts."""
         order = np.argsort(self.tokens, kind="stable")
         for first in range(0, len(order), batch_size):
@@ -353,7 +358,8 @@ class _SplitWriter:
             self._store(chosen, verifier_targets(model, batch, self.taps, self.targets))
             done = min(first + batch_size, len(order))
             if done == len(order) or (first // batch_size) % 50 == 0:
-                log(f"feature cache {self.split}: {done}/{len(order)} rows ({time.perf_counter() - started:.0f} s)")
+                log(f"feature cache {self.split}: {done}/{len(order)} rows "
+                    f"({time.perf_counter() - started:.0f} s)")
         for array in [*self.tap_maps.values(), self.values, self.in_vocab, self.index]:
             if array is not None:
                 array.flush()
@@ -374,7 +380,9 @@ class _SplitWriter:
                 continue
             start, count = int(self.offsets[1, row]), int(self.n_targets[row])
             if int(found[slot]) != count:
-                raise RuntimeError(f"{self.split} row {row}: {int(found[slot])} target positions, expected {count}")
+                raise RuntimeError(
+                    f"{self.split} row {row}: {int(found[slot])} target positions, expected {count}"
+                )
             packed = slice(int(begins[slot]), int(begins[slot]) + count)
             self.values[start : start + count] = _bf16_bits(out["target_values"][packed])
             self.in_vocab[start : start + count] = out["in_vocab"][packed].cpu().numpy().astype(np.uint8)

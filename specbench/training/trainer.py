@@ -189,7 +189,8 @@ QUIET_WARNINGS = (
     r"Using ModelCheckpoint with manual optimization",  # the state after the step is what resume needs
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning vs torch >= 2.9, internal
     r".*does not have many workers",  # num_workers=0 is the default on purpose (tiny CPU datasets)
-    r"The `srun` command is available on your system",  # SLURM jobs come from submitit, which uses srun itself
+    # SLURM jobs come from submitit, which uses srun itself
+    r"The `srun` command is available on your system",
 )
 QUIET_INFO = re.compile(r"^(💡 Tip|GPU available|TPU available|HPU available|`Trainer.fit` stopped)")
 
