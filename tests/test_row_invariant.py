@@ -13,7 +13,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from specbench.decoding import GenerationSettings, SpeculativeEngine
 from specbench.decoding.cache import CachedModel
 from specbench.decoding.model_drafter import ModelDrafter
-from specbench.models import ModelSpec, load_verifier
+from specbench.models import ModelSpec, load_verifier, row_invariant
 from specbench.models.row_invariant import (
     MAX_TRANSPOSED_ROWS,
     ROWWISE_ATTENTION,
@@ -157,11 +157,16 @@ def test_float32_and_long_blocks_keep_sdpa_exactly():
         assert torch.equal(out, sdpa_attention_forward(module, q, k, v, allowed)[0])
 
 
+@pytest.mark.parametrize("product", row_invariant.PRODUCTS)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize(("in_features", "out_features"), [(48, 576), (1536, 576), (576, 192), (576, 4096)])
-def test_a_single_bf16_row_gets_the_bits_of_a_row_in_a_block(in_features, out_features, bias):
+def test_a_single_bf16_row_gets_the_bits_of_a_row_in_a_block(
+    in_features, out_features, bias, product, monkeypatch
+):
     """SmolLM2-135M's shapes (1536 -> 576: the down projection; 576 -> 192: k / v; a wide LM-head-like one): a
-    row alone, in blocks of 2..64 rows and in a batch gets the same bits, those of the transposed product."""
+    row alone, in blocks of 2..64 rows and in a batch gets the same bits, those of the process's product (the
+    transposed product or F.linear of two or more rows), with either product."""
+    monkeypatch.setattr(row_invariant, "LINEAR_PRODUCT", product)
     torch.manual_seed(0)
     layer = nn.Linear(in_features, out_features, bias=bias)
     layer.weight.data = torch.randn(out_features, in_features) / in_features**0.5
@@ -169,8 +174,11 @@ def test_a_single_bf16_row_gets_the_bits_of_a_row_in_a_block(in_features, out_fe
     layer.__class__ = RowInvariantLinear
     x = torch.randn(64, in_features).to(torch.bfloat16)
     block = layer(x)
-    transposed = (layer.weight @ x.T).T + (layer.bias if bias else 0)
-    assert torch.equal(block, transposed)
+    if product == "transposed":
+        expected = (layer.weight @ x.T).T + (layer.bias if bias else 0)
+    else:
+        expected = F.linear(x, layer.weight, layer.bias)
+    assert torch.equal(block, expected)
     for rows in (2, 3, 5, 11, 33):
         assert torch.equal(layer(x[:rows]), block[:rows]), f"{rows} rows"
     assert torch.equal(layer(x[:12].reshape(4, 3, in_features)), block[:12].reshape(4, 3, out_features))
@@ -179,6 +187,19 @@ def test_a_single_bf16_row_gets_the_bits_of_a_row_in_a_block(in_features, out_fe
     assert torch.equal(layer(x[3]), block[3])  # 1-D input keeps its shape
     assert layer(x[None, :1]).shape == (1, 1, out_features)
     assert layer(x[None, :1]).is_contiguous()
+
+
+def test_the_product_is_chosen_by_the_cpu_or_the_environment(monkeypatch):
+    monkeypatch.setattr(row_invariant, "_has_amx", lambda: True)
+    monkeypatch.delenv("SPECBENCH_LINEAR_PRODUCT", raising=False)
+    assert row_invariant.linear_product() == "transposed"
+    monkeypatch.setattr(row_invariant, "_has_amx", lambda: False)
+    assert row_invariant.linear_product() == "linear"
+    monkeypatch.setenv("SPECBENCH_LINEAR_PRODUCT", "transposed")
+    assert row_invariant.linear_product() == "transposed"
+    monkeypatch.setenv("SPECBENCH_LINEAR_PRODUCT", "fast")
+    with pytest.raises(ValueError, match="SPECBENCH_LINEAR_PRODUCT must be one of"):
+        row_invariant.linear_product()
 
 
 def test_more_bf16_rows_than_the_transposed_product_takes_keep_f_linear():
@@ -215,8 +236,10 @@ def _incremental_and_block_logits(model, context, block, valid=None):
     return at_once, one_by_one
 
 
+@pytest.mark.parametrize("product", row_invariant.PRODUCTS)
 @pytest.mark.parametrize("width", [2, 4, 9])
-def test_a_bf16_model_scores_a_block_as_it_scores_each_position(width):
+def test_a_bf16_model_scores_a_block_as_it_scores_each_position(width, product, monkeypatch):
+    monkeypatch.setattr(row_invariant, "LINEAR_PRODUCT", product)
     model = _model()
     assert model.config._attn_implementation == ROWWISE_ATTENTION
     g = torch.Generator().manual_seed(width)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from specbench.decoding.protocol import Drafter, Proposal
-from specbench.decoding.tree import NO_PARENT
+from specbench.decoding.tree import NO_PARENT, tree_structure
 
 
 class FallbackDrafter(Drafter):
@@ -51,7 +51,7 @@ class FallbackDrafter(Drafter):
         self.name = name
         self.needs = lookup.needs.union(model.needs)
         self.deterministic = False
-        self.proposes_trees = model.proposes_trees
+        self.proposes_trees = lookup.proposes_trees or model.proposes_trees
         self.lookup_rows = self.model_rows = 0  # row-rounds each drafter drafted in (since construction)
 
     @property
@@ -78,8 +78,9 @@ class FallbackDrafter(Drafter):
 
     def propose(self, state, caps: torch.Tensor, sampler, want_hidden: bool = False) -> Proposal:
         looked = self.lookup.propose(state, caps, sampler)
-        use_lookup = looked.lengths >= torch.minimum(caps, torch.full_like(caps, self.min_lookup_tokens))
-        use_lookup &= looked.lengths > 0
+        depth = _depths(looked)
+        use_lookup = depth >= torch.minimum(caps, torch.full_like(caps, self.min_lookup_tokens))
+        use_lookup &= depth > 0
         self.lookup_rows += int(use_lookup.sum())
         model_caps = torch.where(use_lookup, torch.zeros_like(caps), caps.clamp(max=self.model_gamma))
         if bool((model_caps > 0).any()):
@@ -94,17 +95,12 @@ class FallbackDrafter(Drafter):
             _pad(drafted.tokens, width, state.pad_id),
         )
         lengths = torch.where(use_lookup, looked.lengths, drafted.lengths)
-        if drafted.parents is not None:  # the model drafted trees: lookup rows become chains of that tree
-            columns = torch.arange(width, device=tokens.device).unsqueeze(0)
-            chain = torch.where(
-                columns < looked.lengths.unsqueeze(1), columns, torch.full_like(columns, NO_PARENT)
+        if looked.parents is not None or drafted.parents is not None:  # chains become trees of one path
+            parents = torch.where(
+                use_lookup.unsqueeze(1), _tree_parents(looked, width), _tree_parents(drafted, width)
             )
-            model_parents = F.pad(drafted.parents, (0, width - drafted.parents.shape[1]), value=NO_PARENT)
-            parents = torch.where(use_lookup.unsqueeze(1), chain, model_parents)
             q = None
-            if (
-                drafted.q is not None
-            ):  # the model rows' sampled chains keep their q; lookup rows are one-hot (zeros)
+            if drafted.q is not None:  # model rows keep the q they drew from; lookup rows are one-hot (zeros)
                 model_q = F.pad(drafted.q, (0, 0, 0, width - drafted.q.shape[1]))
                 q = torch.where(use_lookup.view(-1, 1, 1), torch.zeros_like(model_q), model_q)
             return Proposal(tokens=tokens, lengths=lengths, q=q, forwards=drafted.forwards, parents=parents)
@@ -141,6 +137,21 @@ def _pad(tokens: torch.Tensor, width: int, pad_id: int) -> torch.Tensor:
     return F.pad(tokens, (0, width - tokens.shape[1]), value=pad_id)
 
 
+def _depths(proposal: Proposal) -> torch.Tensor:
+    """(B,) drafts on each row's longest path: its length for a chain, its depth for a tree."""
+    if proposal.parents is None or proposal.tokens.shape[1] == 0:
+        return proposal.lengths
+    return tree_structure(proposal.parents)[1].max(dim=1).values
+
+
+def _tree_parents(proposal: Proposal, width: int) -> torch.Tensor:
+    """(B, width) the proposal's parents, a chain's as the tree of one path (padding: NO_PARENT)."""
+    if proposal.parents is not None:
+        return F.pad(proposal.parents, (0, width - proposal.parents.shape[1]), value=NO_PARENT)
+    columns = torch.arange(width, device=proposal.tokens.device).unsqueeze(0)
+    return torch.where(columns < proposal.lengths.unsqueeze(1), columns, torch.full_like(columns, NO_PARENT))
+
+
 def suffix_then_eagle3(
     path: str,
     verifier: Any,
@@ -150,18 +161,31 @@ def suffix_then_eagle3(
     suffix: dict | None = None,
     taps=None,
     tree_width: int = 1,
+    prompt_lookup: dict | None = None,
+    max_tree_nodes: int | None = None,
 ) -> FallbackDrafter:
     """``model/drafter=suffix-eagle3-smollm2``: the suffix drafter, and the EAGLE-3 head at ``path`` where the
     suffix drafter has fewer than ``min_lookup_tokens`` tokens to propose (a tree of ``tree_width`` tokens per
-    depth when ``tree_width`` > 1)."""
+    depth when ``tree_width`` > 1). ``prompt_lookup`` (the :class:`PromptLookupDrafter`'s arguments, ``{}``
+    for its defaults): its chain and the suffix drafter's merged into one tree of at most ``max_tree_nodes``
+    drafts (:class:`~specbench.drafters.lookup_tree.LookupTreeDrafter`), the head drafting where neither has
+    ``min_lookup_tokens`` tokens."""
     from specbench.drafters.eagle3.format import eagle3_drafter
     from specbench.drafters.suffix import SuffixDrafter
 
+    lookup: Drafter = SuffixDrafter(**(suffix or {}))
+    name = "suffix+eagle3"
+    if prompt_lookup is not None:
+        from specbench.drafters.lookup_tree import LookupTreeDrafter
+        from specbench.drafters.prompt_lookup import PromptLookupDrafter
+
+        lookup = LookupTreeDrafter([lookup, PromptLookupDrafter(**prompt_lookup)], max_tree_nodes)
+        name = "suffix+pl+eagle3"
     return FallbackDrafter(
-        SuffixDrafter(**(suffix or {})),
+        lookup,
         eagle3_drafter(path, verifier, vocab_size, taps, tree_width=tree_width),
         vocab_size,
         min_lookup_tokens,
         model_gamma,
-        name="suffix+eagle3",
+        name=name,
     )

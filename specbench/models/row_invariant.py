@@ -9,9 +9,11 @@ near-tied tokens flips. Measured on the embedded SmolLM2-135M on this project's 
 
 - ``F.linear`` in bf16 gives every row the same bits for 2..64 rows, but one row takes another path whose
   result differs for some shapes (the MLP's down projection, K = 1536; measured on AMD EPYC). A
-  :class:`RowInvariantLinear` computes few reduced-precision CPU rows as ``(W @ xᵀ)ᵀ`` and a single row as two
-  identical rows, keeping the first: bf16 products of a few rows cost what one row does, and on the Intel
-  Xeon (AMX) machines the transposed product costs about half of ``F.linear``'s.
+  :class:`RowInvariantLinear` computes a single row as two identical rows, keeping the first, and few rows
+  with one product for the whole process (:data:`LINEAR_PRODUCT`): on Intel Xeon with AMX the transposed
+  product ``(W @ xᵀ)ᵀ``, which costs about half of ``F.linear``'s there; elsewhere ``F.linear`` itself,
+  which on AMD EPYC (AVX-512 bf16, no AMX) costs 0.6x the transposed product for 2..11 rows and as much
+  for two rows as for one. Either gives a row the same bits in any block; mixing them would not.
 - SDPA's CPU kernel gives a query a different result in a block of n queries under a mask than alone.
   :func:`row_invariant_sdpa` (attention implementation ``sdpa_rowwise``) computes attention from matrix
   products that are row-invariant, for one query and for blocks alike.
@@ -22,6 +24,8 @@ same way in both decodings.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +44,28 @@ FP32_TRANSPOSED_ROWS = (7, 64)
 FP32_TRANSPOSED_WEIGHT = 1 << 19  # weight elements
 KEY_CHUNK = 512  # keys per probability-value product (below the 1024 where the kernel's blocking changed)
 REDUCED = (torch.bfloat16, torch.float16)
+PRODUCTS = ("transposed", "linear")
+
+
+def _has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return any(line.startswith("flags") and "amx_bf16" in line.split() for line in info)
+    except OSError:
+        return False
+
+
+def linear_product() -> str:
+    """The few-row bf16 / fp16 product of this process: ``$SPECBENCH_LINEAR_PRODUCT`` (transposed | linear),
+    else "transposed" on a CPU with AMX and "linear" on any other. Fixed once per process: every forward
+    must compute a row the same way whatever the block."""
+    chosen = os.environ.get("SPECBENCH_LINEAR_PRODUCT", "").strip().lower()
+    if chosen and chosen not in PRODUCTS:
+        raise ValueError(f"SPECBENCH_LINEAR_PRODUCT must be one of {list(PRODUCTS)}, got {chosen!r}")
+    return chosen or ("transposed" if _has_amx() else "linear")
+
+
+LINEAR_PRODUCT = linear_product()
 
 
 def needs_row_invariance(x: torch.Tensor) -> bool:
@@ -47,23 +73,27 @@ def needs_row_invariance(x: torch.Tensor) -> bool:
 
 
 class RowInvariantLinear(nn.Linear):
-    """``nn.Linear`` that computes 1..:data:`MAX_TRANSPOSED_ROWS` bf16 / fp16 CPU rows as the transposed product
-    ``(W @ xᵀ)ᵀ``, a single row as two copies of it (keeping one); more rows, and other inputs, take ``F.linear``.
+    """``nn.Linear`` that computes 1..:data:`MAX_TRANSPOSED_ROWS` bf16 / fp16 CPU rows with the process's
+    :data:`LINEAR_PRODUCT` (the transposed product ``(W @ xᵀ)ᵀ`` or ``F.linear``), a single row as two copies
+    of it (keeping one); more rows, and other inputs, take ``F.linear``.
 
-    Measured on this project's CPUs (torch 2.13, oneDNN; Intel Xeon with AMX): the transposed product gives a row
-    the same bits in blocks of 2..64 rows (and the bits of ``F.linear`` there), and costs half of ``F.linear``'s
-    few-row bf16 product on SmolLM2-135M's shapes (the LM head: 2.6 ms against 4.6–7 ms for 2–11 rows; a
-    576 × 576 projection 27 µs against 50 µs), so exact decoding costs less than transformers' own one-row
-    ``F.linear``. float32 blocks of 7..64 rows on large weights take the transposed product for speed alone
-    (:data:`FP32_TRANSPOSED_ROWS`)."""
+    Measured on this project's CPUs (torch 2.13, oneDNN): on Intel Xeon with AMX the transposed product gives
+    a row the same bits in blocks of 2..64 rows and costs half of ``F.linear``'s few-row bf16 product on
+    SmolLM2-135M's shapes (the LM head: 2.6 ms against 4.6–7 ms for 2–11 rows); on AMD EPYC ``F.linear`` of
+    two or more rows gives a row the same bits and costs 0.6x the transposed product (the LM head 8.6 ms
+    against 10.7 ms, the MLP 0.08 ms against 0.16 ms for two rows). float32 blocks of 7..64 rows on large
+    weights take the transposed product for speed alone (:data:`FP32_TRANSPOSED_ROWS`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         width = x.shape[-1]
         rows = x.numel() // width if width else 0
         if 1 <= rows <= MAX_TRANSPOSED_ROWS and x.dtype in REDUCED and x.device.type == "cpu":
             flat = x.reshape(rows, width)
-            if rows == 1:
-                flat = flat.repeat(2, 1)  # two real rows: an expanded (stride-0) copy took the one-row path
+            if rows == 1:  # two real rows (cat costs a quarter of repeat); a stride-0 expand took the one-row path
+                flat = torch.cat((flat, flat))
+            if LINEAR_PRODUCT == "linear":
+                out = F.linear(flat, self.weight, self.bias)[:rows]
+                return out.reshape(*x.shape[:-1], self.out_features)
             # contiguous: a row's layout downstream must not depend on how many rows shared the product
             out = (self.weight @ flat.T).T[:rows].contiguous()
             if self.bias is not None:
