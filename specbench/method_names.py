@@ -2,119 +2,124 @@
 with its type, its check and its short label (torch-free: configs are checked with it before torch is
 imported; :mod:`specbench.decoding.methods` builds the rules from it).
 
+The table is read, not written: ``conf/method/*.yaml`` gives the methods (``name``; a rule method's class as
+``_target_``; an alias yaml composes its method under ``defaults`` and sets ``alias``), and each rule class
+declares its parameters in its own body (``params = (Param("lenience", float, gt=0.0, le=1.0,
+label="lenience"),)``, :mod:`specbench.method_params`), read with :mod:`ast` without importing the class.
+The trained methods, whose parameters their trained parts read, are declared here (:data:`TRAINED_PARAMS`).
+
 Everything else is derived from :data:`METHOD_TABLE`: the structured config ``MethodConfig``
 (specbench/config/schema.py), the torch-free check of a method's values (:func:`check_rule_params`), the
 error for a parameter the method does not read (:func:`unread_param_error`), the labels of the results
 table (specbench/tasks/results.py) and of the sweep report (specbench/reporting/table.py), and the rule
-registry (specbench/decoding/methods.py). A built-in rule with parameters is one row here, its rule class,
-``conf/method/<name>.yaml`` and its test; tests/test_rules.py fails when a rule class takes a parameter
-that its row lacks.
+registry (specbench/decoding/methods.py). A built-in rule with parameters takes three files:
+
+1. its rule module (e.g. ``specbench/decoding/rules.py``): the ``VerificationRule`` subclass with its
+   ``params`` declaration (and ``param_checks`` naming a check across parameters in
+   ``specbench/method_params.py``'s ``CROSS_CHECKS``, only if it needs one);
+2. ``conf/method/<name>.yaml``: ``name``, ``_target_`` (the class's dotted path) and each parameter's
+   default;
+3. its test (``tests/test_rules.py``).
+
+tests/test_method_table.py fails when a rule class takes a parameter its declaration lacks (or declares one
+it does not take), and when the parsed declaration differs from the imported one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
 
-from specbench.values import DEFERRALS, POOLS
+import yaml
 
-# Names used by the DIVERSED code, accepted as aliases of the canonical names.
-METHOD_ALIASES = {
-    "sd_static": "static_ensemble",
-    "static_en": "static_ensemble",
-    "sd_en": "diversed",
-    "sd_lossy": "lossy",
-    "spe_cas": "cascade",
-}
+from specbench.method_params import CROSS_CHECKS, Param, read_declaration
+from specbench.values import POOLS
 
-
-@dataclass(frozen=True)
-class Param:
-    """One ``method.<name>`` parameter: its Python type, what a value must satisfy, its label in tables.
-
-    ``check`` returns True for a good value (None: any value of the type); ``expect`` says what a good value
-    is, for the error message. ``label``: the short name in the results and report tables (None: not shown);
-    ``quiet``: a value the tables leave out (a default nobody needs to read). ``nullable``: null is a value
-    (not "take the method's default").
-    """
-
-    name: str
-    kind: type
-    check: Callable[[Any], bool] | None = None
-    expect: str = ""
-    label: str | None = None
-    quiet: Any = None
-    nullable: bool = False
-    is_path: bool = False  # a checkpoint path: tables show its file name
-
-    def problem(self, value: Any) -> str | None:
-        """Why ``value`` is not a good value of this parameter, or None."""
-        if value is None:
-            return None if self.nullable else f"method.{self.name} must be set ({self.expect or self.kind.__name__})"
-        if self.kind is float:
-            good_type = isinstance(value, (int, float)) and not isinstance(value, bool)
-        else:
-            good_type = isinstance(value, self.kind) and not (self.kind is int and isinstance(value, bool))
-        if not good_type or (self.check is not None and not self.check(value)):
-            return f"method.{self.name} must be {self.expect or 'a ' + self.kind.__name__}, got {value!r}"
-        return None
+CONF_METHODS = Path(__file__).resolve().parents[1] / "conf" / "method"
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it: startup time
 
 
 @dataclass(frozen=True)
 class MethodEntry:
     """A method: the rule class it verifies with (dotted path, built by decoding/methods.py; None: no rule,
-    or the trained part picks it), its parameters, and a check across parameters (returns a problem or None)."""
+    or the trained part picks it), its parameters, and the checks across parameters it runs (names of
+    :data:`specbench.method_params.CROSS_CHECKS`)."""
 
     rule: str | None
     params: tuple[Param, ...] = ()
     trained: bool = False
-    cross_check: Callable[[dict[str, Any]], str | None] | None = None
+    checks: tuple[str, ...] = ()
 
 
-def _cascade_alpha(values: dict[str, Any]) -> str | None:
-    if values.get("deferral") == "token" and values.get("alpha", 0) > 1:
-        return f"method.alpha must be in [0, 1] for the token deferral rule, got {values['alpha']}"
-    return None
+# The trained methods and the parameters their trained parts read (they have no rule class to declare them).
+POOL = Param("pool", str, choices=POOLS, label="pool", quiet="linear")
+TRAINED_PARAMS: dict[str, tuple[Param, ...]] = {
+    "sd2": (),
+    "distill": (Param("drafter_checkpoint", str, label="drafter ckpt", nullable=True, is_path=True),),
+    "diversed": (POOL, Param("head_checkpoint", str, label="head", nullable=True, is_path=True)),
+    "eagle3": (),
+    "dflash": (),
+}
 
 
-POOL = Param("pool", str, lambda v: v in POOLS, f"one of {list(POOLS)}", label="pool", quiet="linear")
-_RULES = "specbench.decoding.rules"
-METHOD_TABLE: dict[str, MethodEntry] = {
-    "auto": MethodEntry(None),
-    "sd": MethodEntry(f"{_RULES}.VerificationRule"),
-    "lossy": MethodEntry(f"{_RULES}.LenientRule", (
-        Param("lenience", float, lambda v: 0.0 < v <= 1.0, "in (0, 1]", label="lenience"),
-    )),
-    "static_ensemble": MethodEntry(f"{_RULES}.EnsembleRule", (
-        Param("draft_weight", float, lambda v: 0.0 <= v <= 1.0, "in [0, 1]", label="w"),
-        POOL,
-    )),
-    "cascade": MethodEntry(f"{_RULES}.CascadeRule", (
-        Param("deferral", str, lambda v: v in DEFERRALS, f"one of {list(DEFERRALS)}", label="deferral"),
-        Param("alpha", float, lambda v: v >= 0, ">= 0", label="alpha"),
-    ), cross_check=_cascade_alpha),
-    "typical": MethodEntry(f"{_RULES}.TypicalRule", (
-        Param("epsilon", float, lambda v: 0.0 < v <= 1.0, "in (0, 1]", label="epsilon"),
-        Param("delta", float, lambda v: v > 0, "> 0", label="delta"),
-    )),
-    "block": MethodEntry("specbench.decoding.block.BlockRule"),
-    "fly": MethodEntry("specbench.decoding.fly.FlyRule", (
-        Param("window_size", int, lambda v: v >= 1, "an integer >= 1 or null", label="window", nullable=True),
-        Param("entropy_threshold", float, lambda v: v >= 0, ">= 0", label="entropy"),
-        Param("entropy_top_k", int, lambda v: v >= 1, "an integer >= 1", label="top_k"),
-    )),
-    "sd2": MethodEntry(None, trained=True),
-    "distill": MethodEntry(None, (
-        Param("drafter_checkpoint", str, label="drafter ckpt", nullable=True, is_path=True),
-    ), trained=True),
-    "diversed": MethodEntry(None, (
-        POOL,
-        Param("head_checkpoint", str, label="head", nullable=True, is_path=True),
-    ), trained=True),
-    "eagle3": MethodEntry(None, trained=True),
-    "dflash": MethodEntry(None, trained=True),
-}  # fmt: skip
+def _yaml_node(path: Path) -> dict[str, Any]:
+    raw = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER) or {}
+    node = raw["method"] if isinstance(raw.get("method"), dict) else raw  # `# @package _global_`
+    return {**node, "defaults": raw.get("defaults") or []}
+
+
+def _aliased(path: Path, node: dict[str, Any]) -> str:
+    """The method an alias yaml composes (the first plain name of its ``defaults``)."""
+    if node["alias"] != path.stem:
+        raise ValueError(f"{path}: alias {node['alias']!r} is not the file's name {path.stem!r}")
+    names = [entry for entry in node["defaults"] if isinstance(entry, str) and entry != "_self_"]
+    if not names:
+        raise ValueError(f"{path}: an alias yaml lists the method it stands for under defaults")
+    return names[0]
+
+
+@cache
+def read_table(conf_dir: Path = CONF_METHODS) -> tuple[dict[str, MethodEntry], dict[str, str]]:
+    """(method table, aliases) from ``conf_dir``'s yamls and the rule classes' declarations, in the order
+    auto, the rule methods (by file name), the trained methods (as in TRAINED_PARAMS). A yaml with
+    ``params`` names a rule from outside the table (built with ``method.params``) and is left out."""
+    rules: dict[str, MethodEntry] = {}
+    others: dict[str, MethodEntry] = {}
+    aliases: dict[str, str] = {}
+    for path in sorted(Path(conf_dir).glob("*.yaml")):
+        node = _yaml_node(path)
+        if "alias" in node:
+            aliases[path.stem] = _aliased(path, node)
+            continue
+        if "params" in node:
+            continue
+        name, target = node.get("name"), node.get("_target_")
+        if name != path.stem:
+            raise ValueError(f"{path}: name {name!r} is not the file's name {path.stem!r}")
+        if target:
+            params, checks = read_declaration(str(target))
+            rules[name] = MethodEntry(str(target), params, checks=checks)
+        elif name in TRAINED_PARAMS:
+            others[name] = MethodEntry(None, TRAINED_PARAMS[name], trained=True)
+        elif name == "auto":
+            others[name] = MethodEntry(None)
+        else:
+            raise ValueError(
+                f"{path}: a rule method names its VerificationRule class as _target_ (a trained method is "
+                f"declared in TRAINED_PARAMS, specbench/method_names.py)"
+            )
+    table = {name: others[name] for name in ("auto",) if name in others}
+    table.update(rules)
+    table.update((name, others[name]) for name in TRAINED_PARAMS if name in others)
+    unknown = {alias: name for alias, name in aliases.items() if name not in table}
+    if unknown:
+        raise ValueError(f"{conf_dir}: aliases of no method: {unknown}")
+    return table, aliases
+
+
+METHOD_TABLE, METHOD_ALIASES = read_table()
 
 RULE_METHODS = tuple(name for name, entry in METHOD_TABLE.items() if entry.rule is not None)
 METHODS = ("auto",) + RULE_METHODS  # methods whose rule needs no trained part
@@ -153,8 +158,8 @@ def check_rule_params(method: str, params: dict[str, Any]) -> None:
         problem = param.problem(params.get(param.name))
         if problem:
             raise ValueError(problem)
-    if entry.cross_check is not None:
-        problem = entry.cross_check(params)
+    for check in entry.checks:
+        problem = CROSS_CHECKS[check](params)
         if problem:
             raise ValueError(problem)
 
@@ -162,7 +167,7 @@ def check_rule_params(method: str, params: dict[str, Any]) -> None:
 def readers_of(key: str) -> list[str]:
     """The methods (then their aliases) that read ``method.<key>``."""
     methods = [name for name, reads in METHOD_PARAMS.items() if key in reads]
-    return methods + [alias for alias, name in METHOD_ALIASES.items() if name in methods]
+    return methods + [alias for name in methods for alias, of in METHOD_ALIASES.items() if of == name]
 
 
 def unread_param_error(method: str, key: str) -> str:

@@ -26,7 +26,8 @@ MAX_FUNCTION_LINES = 80
 # From the ground up: the first entry of a dotted name below ``specbench.`` (a package or a top-level module)
 # sits in one layer. docs/architecture.md says what each is for and why this order.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "values", "method_names", "targets", "data", "scoring", "tracking", "results"),
+    ("errors", "values", "method_params", "method_names", "targets", "data", "scoring", "tracking",
+     "results"),
     ("models",),
     ("decoding",),
     ("drafters",),

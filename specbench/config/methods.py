@@ -8,7 +8,9 @@ name, ``alias`` the name the user typed (recorded as the tag ``specbench.method_
 method reads and nobody set takes the method's default, a parameter it does not read is an error when
 someone set it (:class:`UnreadParamError`: ``method=sd method.draft_weight=0.1``) and cleared when it is a
 default another method's yaml left behind (``method=static_ensemble method.name=lossy``), so the recorded
-config (``config.yaml``, MLflow params) is what ran.
+config (``config.yaml``, MLflow params) is what ran. A built-in method's yaml names its rule class
+(``_target_``, read by the method table); that ``_target_`` is cleared too (the rule is built by the method's
+name), and only one from outside the table (with ``params``, or typed) stays to be built with ``params``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import ConfigError
-from specbench.method_names import ALL_METHODS, METHOD_ALIASES, METHOD_PARAMS, unread_param_error
+from specbench.method_names import (
+    ALL_METHODS,
+    METHOD_ALIASES,
+    METHOD_PARAMS,
+    METHOD_TABLE,
+    unread_param_error,
+)
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 NOT_PARAMS = ("name", "alias", "_target_", "params", "target")
+TABLE_RULES = frozenset(entry.rule for entry in METHOD_TABLE.values() if entry.rule)
 
 
 class UnknownMethodError(ValueError):
@@ -64,16 +73,17 @@ def normalize_method(cfg: DictConfig) -> tuple[str, str | None]:
             f"method.target is spelled method._target_ now (Hydra's convention, as for tasks, drafters and "
             f"schedules): write `_target_: {node.target}` in the yaml, or method._target_={node.target}"
         )
-    if node.get("_target_"):  # a rule named by its class (conf/method/<name>.yaml with _target_ + params)
-        node.alias = None
+    typed = overridden_method_keys(cfg)
+    if node.get("_target_") and not _names_table_rule(node, typed):
+        node.alias = None  # a rule from outside the table (conf/method/<name>.yaml with _target_ + params)
         return requested, None
+    node._target_ = None  # a built-in method's yaml names its rule class for the method table: built by name
     canonical = canonical_name(requested)
     alias = requested if requested != canonical else node.get("alias")
     if alias is not None and METHOD_ALIASES.get(alias) != canonical:
         alias = None  # e.g. method=sd_en method.name=lossy: the name the user typed last wins
     defaults = method_defaults(canonical)
     reads = METHOD_PARAMS[canonical]
-    typed = overridden_method_keys(cfg)
     for key in list(node.keys()):
         if key in NOT_PARAMS:
             continue
@@ -86,6 +96,17 @@ def normalize_method(cfg: DictConfig) -> tuple[str, str | None]:
     node.name = canonical
     node.alias = alias
     return canonical, alias
+
+
+def _names_table_rule(node: DictConfig, typed: set[str]) -> bool:
+    """Whether ``method._target_`` is what a built-in method's yaml says (the rule class of a method of the
+    table, without ``params``, not typed by the user; also when left behind by a rename such as
+    ``method=lossy method.name=sd``) rather than a rule from outside the table."""
+    return (
+        node._target_ in TABLE_RULES
+        and not node.get("params")
+        and "_target_" not in typed
+    )
 
 
 def _left_behind(key: str, value: Any) -> bool:

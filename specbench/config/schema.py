@@ -63,7 +63,8 @@ def _method_config() -> type:
     ]
     fields += [(param.name, Optional[param.kind], None) for param in all_params()]  # noqa: UP045
     fields += [
-        # a rule from outside the table: dotted path of a VerificationRule subclass (specbench.targets)
+        # dotted path of a VerificationRule subclass: a built-in method's yaml names its class (read by the
+        # method table, cleared by validation), a rule from outside the table is built from it (specbench.targets)
         ("_target_", Optional[str], None),  # noqa: UP045
         ("params", dict[str, Any], field(default_factory=dict)),  # its constructor arguments (with ``_target_``)
         ("target", Optional[str], None),  # noqa: UP045 (the old spelling of ``_target_``: refused, new one named)

@@ -26,6 +26,7 @@ import torch
 from specbench.decoding.rules import VerificationRule
 from specbench.decoding.verification import Verdict
 from specbench.decoding.warping import sample
+from specbench.method_params import Param
 
 DEFAULT_MAX_WINDOW = 6
 
@@ -46,6 +47,11 @@ class FlyRule(VerificationRule):
     """FLy deferred verification; accepts model drafters and deterministic ones (q one-hot)."""
 
     name = "fly"
+    params = (
+        Param("window_size", int, ge=1, label="window", nullable=True),
+        Param("entropy_threshold", float, ge=0.0, label="entropy"),
+        Param("entropy_top_k", int, ge=1, label="top_k"),
+    )
     accepts_deterministic = True  # native acceptance is then p(x), vLLM's NO_DRAFT_PROBS path
 
     def __init__(

@@ -1,7 +1,8 @@
 """Method names → verification rules. A method = drafter choice + rule + schedule.
 
 The rule class of each rule method and the ``method.*`` keys it reads come from the method table
-(:data:`specbench.method_names.METHOD_TABLE`); their config defaults live in ``conf/method/<name>.yaml``.
+(:data:`specbench.method_names.METHOD_TABLE`, read from ``conf/method/<name>.yaml``'s ``_target_`` and the
+class's ``params`` declaration); their config defaults live in the same yaml.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ import math
 
 import torch
 
+from specbench.method_params import Param
+
 RESIDUAL_EPS = 1e-12
 
 
@@ -26,6 +28,10 @@ class VerificationRule:
     """Exact speculative sampling (π = p); the base class of every rule."""
 
     name = "sd"
+    # The ``method.*`` parameters the constructor takes: type, check, table label (specbench/method_params.py;
+    # read from this source without importing it, so they must be literals).
+    params: tuple[Param, ...] = ()
+    param_checks: tuple[str, ...] = ()  # checks across parameters (specbench.method_params.CROSS_CHECKS)
     requires_hidden_states = False
     # Whether the rule is defined for a deterministic proposal (q one-hot on the draft): rules whose math
     # mixes in or thresholds the drafter's distribution need a real q and refuse such drafters.
@@ -86,6 +92,7 @@ class LenientRule(VerificationRule):
     """
 
     name = "lossy"
+    params = (Param("lenience", float, gt=0.0, le=1.0, label="lenience"),)
 
     def __init__(self, lenience: float = 0.5):
         if not 0.0 < lenience <= 1.0:
@@ -121,6 +128,10 @@ class EnsembleRule(VerificationRule):
 
     name = "static_ensemble"
     POOLS = ("linear", "log_linear")
+    params = (
+        Param("draft_weight", float, ge=0.0, le=1.0, label="w"),
+        Param("pool", str, choices=POOLS, label="pool", quiet="linear"),
+    )
     accepts_deterministic = False
 
     def __init__(self, draft_weight: float = 0.3, pool: str = "linear"):
@@ -166,6 +177,11 @@ class CascadeRule(VerificationRule):
 
     name = "cascade"
     DEFERRALS = ("chow", "diff", "opt", "token")
+    params = (
+        Param("deferral", str, choices=DEFERRALS, label="deferral"),
+        Param("alpha", float, ge=0.0, label="alpha"),
+    )
+    param_checks = ("token_deferral_alpha",)  # alpha <= 1 for the token deferral
     accepts_deterministic = False
 
     def __init__(self, deferral: str = "chow", alpha: float = 0.1):
@@ -208,6 +224,10 @@ class TypicalRule(VerificationRule):
     """Typical acceptance (Medusa): accept x iff p(x) > min(ε, δ·exp(−H(p))); residual p."""
 
     name = "typical"
+    params = (
+        Param("epsilon", float, gt=0.0, le=1.0, label="epsilon"),
+        Param("delta", float, gt=0.0, label="delta"),
+    )
 
     def __init__(self, epsilon: float = 0.09, delta: float = 0.3):
         if not 0.0 < epsilon <= 1.0:
