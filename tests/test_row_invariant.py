@@ -338,9 +338,11 @@ def test_the_embedded_pair_in_bf16_decodes_speculatively_as_autoregressively_at_
         assert sum(r.accepted for result in batched for r in result.rounds) > 0
 
 
-def test_large_float32_blocks_take_the_transposed_product_and_small_ones_f_linear():
+def test_large_float32_blocks_take_the_transposed_product_and_small_ones_f_linear(monkeypatch):
+    """Where the CPU has AMX (forced here); elsewhere every float32 block keeps F.linear."""
     from specbench.models.row_invariant import FP32_TRANSPOSED_ROWS, FP32_TRANSPOSED_WEIGHT
 
+    monkeypatch.setattr(row_invariant, "FP32_TRANSPOSED", True)
     torch.manual_seed(0)
     large = nn.Linear(1536, FP32_TRANSPOSED_WEIGHT // 1536 + 1, bias=True)
     large.__class__ = RowInvariantLinear
@@ -352,3 +354,11 @@ def test_large_float32_blocks_take_the_transposed_product_and_small_ones_f_linea
     for rows in (1, low - 1, high + 1):
         x = torch.randn(rows, 1536)
         assert torch.equal(large(x), F.linear(x, large.weight, large.bias))
+
+
+def test_without_amx_large_float32_blocks_keep_f_linear(monkeypatch):
+    monkeypatch.setattr(row_invariant, "FP32_TRANSPOSED", False)
+    large = nn.Linear(1536, row_invariant.FP32_TRANSPOSED_WEIGHT // 1536 + 1)
+    large.__class__ = RowInvariantLinear
+    x = torch.randn(11, 1536)
+    assert torch.equal(large(x), F.linear(x, large.weight, large.bias))

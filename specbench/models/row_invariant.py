@@ -37,9 +37,11 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 ROWWISE_ATTENTION = "sdpa_rowwise"
 MAX_ROWWISE_QUERIES = 32  # a verification block is γ + 1 rows; longer blocks are prefills
 MAX_TRANSPOSED_ROWS = 64  # rows of a linear layer's transposed product (beyond: prefills, large batches)
-# float32 on a CPU (speed only: float32 is not made row-invariant): F.linear's cost steps up at 7 rows on large
-# matrices (SmolLM2's MLP: 1 row 0.12 ms, 7 rows 0.35 ms, 11 rows 0.46 ms) while the transposed product stays at
-# 0.22-0.26 ms up to 16 rows; on a 576 x 576 projection F.linear stays cheaper up to ~16 rows.
+# float32 on a CPU (speed only: float32 is not made row-invariant). On Intel Xeon with AMX F.linear's cost steps
+# up at 7 rows on large matrices (SmolLM2's MLP: 1 row 0.12 ms, 7 rows 0.35 ms, 11 rows 0.46 ms) while the
+# transposed product stays at 0.22-0.26 ms up to 16 rows; on a 576 x 576 projection F.linear stays cheaper up to
+# ~16 rows. On AMD EPYC it is the other way round (the MLP at 8-11 rows: F.linear 0.26-0.39 ms, the transposed
+# product 0.50-0.76 ms): only the CPUs with AMX take it (``fp32_transposed``).
 FP32_TRANSPOSED_ROWS = (7, 64)
 FP32_TRANSPOSED_WEIGHT = 1 << 19  # weight elements
 KEY_CHUNK = 512  # keys per probability-value product (below the 1024 where the kernel's blocking changed)
@@ -66,6 +68,7 @@ def linear_product() -> str:
 
 
 LINEAR_PRODUCT = linear_product()
+FP32_TRANSPOSED = _has_amx()  # float32 blocks of FP32_TRANSPOSED_ROWS on large weights: the transposed product
 
 
 def needs_row_invariance(x: torch.Tensor) -> bool:
@@ -82,7 +85,7 @@ class RowInvariantLinear(nn.Linear):
     SmolLM2-135M's shapes (the LM head: 2.6 ms against 4.6–7 ms for 2–11 rows); on AMD EPYC ``F.linear`` of
     two or more rows gives a row the same bits and costs 0.6x the transposed product (the LM head 8.6 ms
     against 10.7 ms, the MLP 0.08 ms against 0.16 ms for two rows). float32 blocks of 7..64 rows on large
-    weights take the transposed product for speed alone (:data:`FP32_TRANSPOSED_ROWS`)."""
+    weights take the transposed product for speed alone, on CPUs with AMX (:data:`FP32_TRANSPOSED_ROWS`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         width = x.shape[-1]
@@ -99,7 +102,8 @@ class RowInvariantLinear(nn.Linear):
             if self.bias is not None:
                 out = out + self.bias
             return out.reshape(*x.shape[:-1], self.out_features)
-        if (FP32_TRANSPOSED_ROWS[0] <= rows <= FP32_TRANSPOSED_ROWS[1] and self.weight.numel() >= FP32_TRANSPOSED_WEIGHT
+        if (FP32_TRANSPOSED and FP32_TRANSPOSED_ROWS[0] <= rows <= FP32_TRANSPOSED_ROWS[1]
+                and self.weight.numel() >= FP32_TRANSPOSED_WEIGHT
                 and x.dtype == torch.float32 and x.device.type == "cpu"):  # fmt: skip
             out = (self.weight @ x.reshape(rows, width).T).T.contiguous()
             if self.bias is not None:
