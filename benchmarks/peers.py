@@ -14,6 +14,9 @@ how it decodes). Interleaved per question in rotating order (``harness.run_all``
   specbench-ar       specbench's engine without a drafter
   specbench-default  the default drafter (``conf/model/drafter/suffix-eagle3-smollm2.yaml``: suffix tree, the
                      EAGLE-3 head as fallback) with its default constant γ
+  specbench-tree     ``conf/model/drafter/suffix-pl-eagle3-smollm2.yaml``: the suffix drafter's and HF-style
+                     prompt lookup's chains merged into one tree per round, the head as fallback (``--no-tree``
+                     leaves it out)
 
 Reported per row and Spec-Bench task: speedup against ``hf-generate`` and against ``hf-prompt-lookup`` (ratio of
 mean tokens/s, with the median per-question ratio), τ, identical-output counts (against HF generate and against
@@ -57,7 +60,9 @@ from specbench.results.record import bootstrap_interval, figure
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DRAFTER = ROOT / "conf" / "model" / "drafter" / "suffix-eagle3-smollm2.yaml"
+TREE_DRAFTER = ROOT / "conf" / "model" / "drafter" / "suffix-pl-eagle3-smollm2.yaml"
 BASELINE, LOOKUP, AR, DEFAULT = "hf-generate", "hf-prompt-lookup", "specbench-ar", "specbench-default"
+TREE = "specbench-tree"
 POSITIONS = 5
 
 
@@ -70,6 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
     parser.add_argument("--assistant-layers", type=int, default=4, help="K of HF assisted generation's early exit")
     parser.add_argument("--no-assisted", action="store_true", help="leave out the HF assisted-generation row")
+    parser.add_argument("--no-tree", action="store_true", help="leave out the specbench-tree row")
     parser.add_argument("--notes", default="", help="appended to the record's notes (e.g. machine load)")
     return parser.parse_args(argv)
 
@@ -127,16 +133,17 @@ def hf_rounds_runner(name: str, model, max_new_tokens: int, eos, pad, **generate
     return Runner(name, run)
 
 
-def default_drafter_runner(verifier, vocab: int, common: dict) -> Runner:
+def preset_drafter_runner(name: str, preset_path: Path, verifier, vocab: int, common: dict) -> Runner:
+    """A ``suffix_then_eagle3`` drafter preset (its params, head path and default constant γ) as a runner."""
     from specbench.decoding import DraftSchedule, SpeculativeEngine
     from specbench.drafters.fallback import suffix_then_eagle3
 
-    preset = yaml.safe_load(DEFAULT_DRAFTER.read_text())
+    preset = yaml.safe_load(preset_path.read_text())
     params = dict(preset["params"])
     params["path"] = str(ROOT / params["path"])
     drafter = suffix_then_eagle3(verifier=verifier, vocab_size=vocab, **params)
     schedule = DraftSchedule("constant", int(preset["default_gamma"]))
-    return engine_runner(DEFAULT, SpeculativeEngine(verifier.model, drafter, schedule=schedule, **common))
+    return engine_runner(name, SpeculativeEngine(verifier.model, drafter, schedule=schedule, **common))
 
 
 def runners_for(dtype: str, args) -> tuple[list[Runner], object]:
@@ -156,7 +163,9 @@ def runners_for(dtype: str, args) -> tuple[list[Runner], object]:
         runners.append(hf_rounds_runner(f"hf-assisted-ee{args.assistant_layers}", hf, args.max_new_tokens, eos, pad,
                                         assistant_model=assistant))  # fmt: skip
     runners.append(engine_runner(AR, SpeculativeEngine(verifier.model, None, **common)))
-    runners.append(default_drafter_runner(verifier, vocab, common))
+    runners.append(preset_drafter_runner(DEFAULT, DEFAULT_DRAFTER, verifier, vocab, common))
+    if not args.no_tree:
+        runners.append(preset_drafter_runner(TREE, TREE_DRAFTER, verifier, vocab, common))
     return runners, verifier.tokenizer
 
 
@@ -178,6 +187,16 @@ def speedup_figure(rows: list[dict], base: dict[int, dict]) -> dict:
     return out
 
 
+def total_time_ratio(rows: list[dict], base: dict[int, dict]) -> float:
+    """How much faster than ``base`` over the whole set: its total time per token over this row's (so long
+    prompts and long answers weigh what they cost, unlike a mean of per-question speeds)."""
+    def per_token(picked: list[dict]) -> float:
+        wall = sum(sum(r["choices"][0]["wall_time"]) for r in picked)
+        return wall / max(sum(sum(r["choices"][0]["new_tokens"]) for r in picked), 1)
+
+    return per_token([base[r["question_id"]] for r in rows]) / max(per_token(rows), 1e-12)
+
+
 def zero_accept_share(rows: list[dict]) -> float | None:
     """Of the rounds that drafted something, the share that accepted nothing."""
     drafting = [a for r in rows for d, a in zip(r["choices"][0]["drafted"], r["choices"][0]["accepted"]) if d > 0]
@@ -192,6 +211,7 @@ def row_figures(name: str, rows: list[dict], by_name: dict[str, dict[int, dict]]
                "tokens_per_s": figure(statistics.mean(_speed(r) for r in rows), [_speed(r) for r in rows])}  # fmt: skip
     if name != LOOKUP:
         figures["vs_hf_prompt_lookup"] = speedup_figure(rows, by_name[LOOKUP])
+        figures["total_time_vs_hf_prompt_lookup"] = figure(total_time_ratio(rows, by_name[LOOKUP]), unit="x")
     for ref, key in ((BASELINE, "same_as_hf_generate"), (AR, "same_as_specbench_ar")):
         same = sum(r["output_ids"] == by_name[ref][r["question_id"]]["output_ids"] for r in rows)
         figures[key] = figure(same, unit=f"/{len(rows)}")
@@ -220,15 +240,16 @@ def format_figures(dtype: str, figures: dict[str, dict[str, dict]]) -> str:
     tasks = [t for t in TASKS if t in figures[BASELINE]]
     width = max(len(n) for n in figures) + 2
     head = f"{dtype:<{width}}" + "".join(f"{TASK_TITLES[t]:>7}" for t in tasks)
-    head += f"{'all':>7}{'median':>8}{'vs PL':>7}{'tau':>6}{'tok/s':>7}{'=HF':>5}{'=AR':>5}{'acc0':>6}"
+    head += f"{'all':>7}{'median':>8}{'vs PL':>7}{'PL tot':>7}{'tau':>6}{'tok/s':>7}{'=HF':>5}{'=AR':>5}{'acc0':>6}"
     lines = [head, "-" * len(head)]
     for name, rows in figures.items():
         cells = "".join(f"{rows[t]['speedup']['value']:>6.2f}x" for t in tasks)
         o = rows["overall"]
         lookup = o.get("vs_hf_prompt_lookup", {"value": 1.0})["value"]
+        total = o.get("total_time_vs_hf_prompt_lookup", {"value": 1.0})["value"]
         zero = f"{o['zero_accept_rounds']['value']:>6.2f}" if "zero_accept_rounds" in o else f"{'-':>6}"
         lines.append(f"{name:<{width}}{cells}{o['speedup']['value']:>6.2f}x{o['speedup'].get('median', 1.0):>7.2f}x"
-                     f"{lookup:>6.2f}x{o['tau']['value']:>6.2f}{o['tokens_per_s']['value']:>7.1f}"
+                     f"{lookup:>6.2f}x{total:>6.2f}x{o['tau']['value']:>6.2f}{o['tokens_per_s']['value']:>7.1f}"
                      f"{int(o['same_as_hf_generate']['value']):>5}{int(o['same_as_specbench_ar']['value']):>5}{zero}")
     return "\n".join(lines)
 
@@ -243,11 +264,12 @@ def record_rows(dtype: str, figures: dict[str, dict[str, dict]]) -> list[dict]:
                 row[f"speedup_{task}"] = fig["speedup"]
                 if "vs_hf_prompt_lookup" in fig:
                     row[f"vs_hf_prompt_lookup_{task}"] = fig["vs_hf_prompt_lookup"]
-        reference = "same_as_specbench_ar" if name == DEFAULT else "same_as_hf_generate"
+                    row[f"total_time_vs_hf_prompt_lookup_{task}"] = fig["total_time_vs_hf_prompt_lookup"]
+        reference = "same_as_specbench_ar" if name in (DEFAULT, TREE) else "same_as_hf_generate"
         count = row[reference]
         rows.append({"setup": f"{dtype}: {name}", "figures": row,
                      "identical_outputs": count["value"] == int(count["unit"][1:]),
-                     "notes": "identical_outputs: against " + ("specbench-ar" if name == DEFAULT else BASELINE)})
+                     "notes": "identical_outputs: against " + ("specbench-ar" if name in (DEFAULT, TREE) else BASELINE)})
     return rows
 
 
@@ -277,8 +299,8 @@ def main(argv=None) -> int:
     record_run(args, "peers", rows, "spec_bench heldout (first turn)", len(questions), dtype=",".join(dtypes),
                threads=args.threads, doc="docs/benchmarks.md#peers-transformers-generate-prompt-lookup-assisted",
                notes=notes)  # fmt: skip
-    lossless = all(r["identical_outputs"] for r in rows if r["setup"].endswith(DEFAULT))
-    print("specbench-default token-identical to specbench-ar:", lossless)
+    lossless = all(r["identical_outputs"] for r in rows if r["setup"].endswith((DEFAULT, TREE)))
+    print("specbench-default (and -tree) token-identical to specbench-ar:", lossless)
     return 0 if lossless else 1
 
 

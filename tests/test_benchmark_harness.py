@@ -95,13 +95,24 @@ def test_peers_benchmark_records_every_row_with_rounds_that_add_up(tmp_path):
     assert code == 0
     (_, record), = load_records(tmp_path / "results")
     setups = {row["setup"]: row for row in record["rows"]}
-    names = ["hf-generate", "hf-prompt-lookup", "hf-assisted-ee4", "specbench-ar", "specbench-default"]
+    names = ["hf-generate", "hf-prompt-lookup", "hf-assisted-ee4", "specbench-ar", "specbench-default",
+             "specbench-tree"]  # fmt: skip
     assert sorted(setups) == sorted(f"float32: {n}" for n in names)
     default = setups["float32: specbench-default"]["figures"]
     assert {
-        "speedup", "vs_hf_prompt_lookup", "tau", "same_as_hf_generate", "speedup_qa", "acc_pos1"
+        "speedup", "vs_hf_prompt_lookup", "total_time_vs_hf_prompt_lookup", "tau", "same_as_hf_generate",
+        "speedup_qa", "acc_pos1", "total_time_vs_hf_prompt_lookup_qa",
     } <= set(default)
     assert setups["float32: hf-generate"]["figures"]["speedup"]["value"] == 1.0
+    assert setups["float32: specbench-tree"]["identical_outputs"]  # against specbench's AR
+    # total time: the prompt-lookup row's time per token over the row's, on the whole set
+    folder = tmp_path / "out" / "float32" / "answers"
+    answers = {n: [json.loads(x) for x in (folder / f"{n}.jsonl").read_text().splitlines()]
+               for n in ("hf-prompt-lookup", "specbench-default")}  # fmt: skip
+    per_token = {n: sum(a["choices"][0]["wall_time"][0] for a in rows) / sum(a["choices"][0]["new_tokens"][0]
+                 for a in rows) for n, rows in answers.items()}  # fmt: skip
+    expected = per_token["hf-prompt-lookup"] / per_token["specbench-default"]
+    assert abs(default["total_time_vs_hf_prompt_lookup"]["value"] - expected) < 1e-9
     for name in names:
         for line in (tmp_path / "out" / "float32" / "answers" / f"{name}.jsonl").read_text().splitlines():
             choice = json.loads(line)["choices"][0]

@@ -58,6 +58,7 @@ def test_expected_options_exist():
         "qwen3-0.6b",
         "suffix",
         "suffix-eagle3-smollm2",
+        "suffix-pl-eagle3-smollm2",
         "suffix-smollm2",
         "tiny-random",
     ]

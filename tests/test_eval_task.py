@@ -345,3 +345,18 @@ def test_the_table_names_the_method_parameters_and_stays_aligned_for_long_labels
         "diversed": "diversed untrained (constant, gamma=3)",
     }
     assert format_table(diversed).splitlines()[-1] == "note: x is null"
+
+
+@pytest.mark.slow
+def test_launch_the_lookup_tree_preset_decodes_as_autoregressive_decoding(tmp_path):
+    """model/drafter=suffix-pl-eagle3-smollm2 as typed: trees of two lookups' chains, outputs identical."""
+    run_dir = tmp_path / "run"
+    proc = launch(
+        ["model/drafter=suffix-pl-eagle3-smollm2", "dataset=spec_bench", "dataset.limit=2",
+         "gen.max_new_tokens=24", f"hydra.run.dir={run_dir}"],
+        timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["drafter"] == "suffix-pl-eagle3-smollm2-135m"
+    assert metrics["tau"] > 1.0 and metrics["baseline_match_rate"] == 1.0
