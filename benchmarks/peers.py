@@ -15,13 +15,13 @@ how it decodes). Interleaved per question in rotating order (``harness.run_all``
   specbench-default  the default drafter (``conf/model/drafter/suffix-eagle3-smollm2.yaml``: suffix tree, the
                      EAGLE-3 head as fallback) with its default constant γ
   specbench-tree     ``conf/model/drafter/suffix-pl-eagle3-smollm2.yaml``: the suffix drafter's and HF-style
-                     prompt lookup's chains merged into one tree per round, the head as fallback (``--no-tree``
-                     leaves it out)
+                     prompt lookup's chains merged into one tree per round, the head as fallback
+                     (``--no-tree`` leaves it out)
 
-Reported per row and Spec-Bench task: speedup against ``hf-generate`` and against ``hf-prompt-lookup`` (ratio of
-mean tokens/s, with the median per-question ratio), τ, identical-output counts (against HF generate and against
-specbench's AR), per-position acceptance and the share of drafting rounds that accept nothing (HF rows: rounds
-read from the verifier's forward calls). The record goes to results/peers/.
+Reported per row and Spec-Bench task: speedup against ``hf-generate`` and against ``hf-prompt-lookup`` (ratio
+of mean tokens/s, with the median per-question ratio), τ, identical-output counts (against HF generate and
+against specbench's AR), per-position acceptance and the share of drafting rounds that accept nothing (HF
+rows: rounds read from the verifier's forward calls). The record goes to results/peers/.
 
     python benchmarks/peers.py --per-category 3 --max-new-tokens 96 --threads 1
 """
@@ -68,12 +68,15 @@ POSITIONS = 5
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = benchmark_parser(
-        __doc__, per_category={"default": 3, "help": "held-out questions per Spec-Bench task"}, max_new_tokens=96,
-        threads=1, questions=None, out_dir={"default": None, "help": "default: outputs/peers/TIME"},
+        __doc__, per_category={"default": 3, "help": "held-out questions per Spec-Bench task"},
+        max_new_tokens=96, threads=1, questions=None,
+        out_dir={"default": None, "help": "default: outputs/peers/TIME"},
     )  # fmt: skip
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma list, each run in turn")
     parser.add_argument("--lookup-tokens", type=int, default=10, help="HF prompt_lookup_num_tokens")
-    parser.add_argument("--assistant-layers", type=int, default=4, help="K of HF assisted generation's early exit")
+    parser.add_argument(
+        "--assistant-layers", type=int, default=4, help="K of HF assisted generation's early exit"
+    )
     parser.add_argument("--no-assisted", action="store_true", help="leave out the HF assisted-generation row")
     parser.add_argument("--no-tree", action="store_true", help="leave out the specbench-tree row")
     parser.add_argument("--notes", default="", help="appended to the record's notes (e.g. machine load)")
@@ -81,7 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def plain_transformers_copy(dtype: torch.dtype, layers: int | None = None):
-    """The embedded checkpoint loaded by transformers alone (its first ``layers`` layers: an early-exit model)."""
+    """The embedded checkpoint loaded by transformers alone (its first ``layers`` layers: an early-exit
+    model)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -103,9 +107,9 @@ def plain_transformers_copy(dtype: torch.dtype, layers: int | None = None):
 
 
 def hf_rounds_runner(name: str, model, max_new_tokens: int, eos, pad, **generate_kwargs) -> Runner:
-    """transformers ``generate`` with a hook on the verifier's forwards, each a round: its input is the tokens the
-    cache lacks (the prompt, or the last token) and then the drafts; how far the next round's committed length
-    moved, − 1, is how many of them it accepted."""
+    """transformers ``generate`` with a hook on the verifier's forwards, each a round: its input is the tokens
+    the cache lacks (the prompt, or the last token) and then the drafts; how far the next round's committed
+    length moved, − 1, is how many of them it accepted."""
     forwards: list[tuple[int, int]] = []  # (position of the forward's first token, its width)
 
     def hook(module, args, kwargs):
@@ -119,11 +123,13 @@ def hf_rounds_runner(name: str, model, max_new_tokens: int, eos, pad, **generate
         forwards.clear()
         x = torch.tensor([ids])
         begin = time.perf_counter()
-        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
-                             eos_token_id=list(eos), pad_token_id=pad, **generate_kwargs)  # fmt: skip
+        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                             max_new_tokens=max_new_tokens, eos_token_id=list(eos), pad_token_id=pad,
+                             **generate_kwargs)  # fmt: skip
         wall = time.perf_counter() - begin
         output = out[0, len(ids):].tolist()
-        # committed length before each forward: the prompt, then one past the cache (the last token is uncached)
+        # committed length before each forward: the prompt, then one past the cache (the last token is
+        # uncached)
         known = [len(ids)] + [start + 1 for start, _ in forwards[1:]]
         drafted = [start + width - length for (start, width), length in zip(forwards, known)]
         after = known[1:] + [len(ids) + len(output)]
@@ -156,12 +162,14 @@ def runners_for(dtype: str, args) -> tuple[list[Runner], object]:
     hf = plain_transformers_copy(torch_dtype)
     runners = [
         hf_rounds_runner(BASELINE, hf, args.max_new_tokens, eos, pad),
-        hf_rounds_runner(LOOKUP, hf, args.max_new_tokens, eos, pad, prompt_lookup_num_tokens=args.lookup_tokens),
+        hf_rounds_runner(
+            LOOKUP, hf, args.max_new_tokens, eos, pad, prompt_lookup_num_tokens=args.lookup_tokens
+        ),
     ]
     if not args.no_assisted:
         assistant = plain_transformers_copy(torch_dtype, args.assistant_layers)
-        runners.append(hf_rounds_runner(f"hf-assisted-ee{args.assistant_layers}", hf, args.max_new_tokens, eos, pad,
-                                        assistant_model=assistant))  # fmt: skip
+        runners.append(hf_rounds_runner(f"hf-assisted-ee{args.assistant_layers}", hf, args.max_new_tokens,
+                                        eos, pad, assistant_model=assistant))  # fmt: skip
     runners.append(engine_runner(AR, SpeculativeEngine(verifier.model, None, **common)))
     runners.append(preset_drafter_runner(DEFAULT, DEFAULT_DRAFTER, verifier, vocab, common))
     if not args.no_tree:
@@ -199,16 +207,20 @@ def total_time_ratio(rows: list[dict], base: dict[int, dict]) -> float:
 
 def zero_accept_share(rows: list[dict]) -> float | None:
     """Of the rounds that drafted something, the share that accepted nothing."""
-    drafting = [a for r in rows for d, a in zip(r["choices"][0]["drafted"], r["choices"][0]["accepted"]) if d > 0]
+    drafting = [
+        a for r in rows for d, a in zip(r["choices"][0]["drafted"], r["choices"][0]["accepted"]) if d > 0
+    ]
     return sum(a == 0 for a in drafting) / len(drafting) if drafting else None
 
 
 def row_figures(name: str, rows: list[dict], by_name: dict[str, dict[int, dict]]) -> dict:
-    """A runner's figures over ``rows`` (one task or all): speedups, τ, tokens/s, identical counts, acceptance."""
+    """A runner's figures over ``rows`` (one task or all): speedups, τ, tokens/s, identical counts,
+    acceptance."""
     tokens = sum(sum(r["choices"][0]["new_tokens"]) for r in rows)
     rounds = sum(sum(r["choices"][0]["decoding_steps"]) for r in rows)
     figures = {"speedup": speedup_figure(rows, by_name[BASELINE]), "tau": figure(tokens / max(rounds, 1)),
-               "tokens_per_s": figure(statistics.mean(_speed(r) for r in rows), [_speed(r) for r in rows])}  # fmt: skip
+               "tokens_per_s": figure(statistics.mean(_speed(r) for r in rows),
+                                      [_speed(r) for r in rows])}  # fmt: skip
     if name != LOOKUP:
         figures["vs_hf_prompt_lookup"] = speedup_figure(rows, by_name[LOOKUP])
         figures["total_time_vs_hf_prompt_lookup"] = figure(total_time_ratio(rows, by_name[LOOKUP]), unit="x")
@@ -240,7 +252,10 @@ def format_figures(dtype: str, figures: dict[str, dict[str, dict]]) -> str:
     tasks = [t for t in TASKS if t in figures[BASELINE]]
     width = max(len(n) for n in figures) + 2
     head = f"{dtype:<{width}}" + "".join(f"{TASK_TITLES[t]:>7}" for t in tasks)
-    head += f"{'all':>7}{'median':>8}{'vs PL':>7}{'PL tot':>7}{'tau':>6}{'tok/s':>7}{'=HF':>5}{'=AR':>5}{'acc0':>6}"
+    head += (
+        f"{'all':>7}{'median':>8}{'vs PL':>7}{'PL tot':>7}{'tau':>6}{'tok/s':>7}{'=HF':>5}{'=AR':>5}"
+        f"{'acc0':>6}"
+    )
     lines = [head, "-" * len(head)]
     for name, rows in figures.items():
         cells = "".join(f"{rows[t]['speedup']['value']:>6.2f}x" for t in tasks)
@@ -248,14 +263,17 @@ def format_figures(dtype: str, figures: dict[str, dict[str, dict]]) -> str:
         lookup = o.get("vs_hf_prompt_lookup", {"value": 1.0})["value"]
         total = o.get("total_time_vs_hf_prompt_lookup", {"value": 1.0})["value"]
         zero = f"{o['zero_accept_rounds']['value']:>6.2f}" if "zero_accept_rounds" in o else f"{'-':>6}"
-        lines.append(f"{name:<{width}}{cells}{o['speedup']['value']:>6.2f}x{o['speedup'].get('median', 1.0):>7.2f}x"
-                     f"{lookup:>6.2f}x{total:>6.2f}x{o['tau']['value']:>6.2f}{o['tokens_per_s']['value']:>7.1f}"
-                     f"{int(o['same_as_hf_generate']['value']):>5}{int(o['same_as_specbench_ar']['value']):>5}{zero}")
+        lines.append(f"{name:<{width}}{cells}{o['speedup']['value']:>6.2f}x"
+                     f"{o['speedup'].get('median', 1.0):>7.2f}x{lookup:>6.2f}x{total:>6.2f}x"
+                     f"{o['tau']['value']:>6.2f}{o['tokens_per_s']['value']:>7.1f}"
+                     f"{int(o['same_as_hf_generate']['value']):>5}"
+                     f"{int(o['same_as_specbench_ar']['value']):>5}{zero}")  # fmt: skip
     return "\n".join(lines)
 
 
 def record_rows(dtype: str, figures: dict[str, dict[str, dict]]) -> list[dict]:
-    """One row per runner: its overall figures plus ``speedup_TASK`` / ``vs_hf_prompt_lookup_TASK`` per task."""
+    """One row per runner: its overall figures plus ``speedup_TASK`` / ``vs_hf_prompt_lookup_TASK`` per
+    task."""
     rows = []
     for name, by_task in figures.items():
         row = dict(by_task["overall"])
@@ -269,7 +287,8 @@ def record_rows(dtype: str, figures: dict[str, dict[str, dict]]) -> list[dict]:
         count = row[reference]
         rows.append({"setup": f"{dtype}: {name}", "figures": row,
                      "identical_outputs": count["value"] == int(count["unit"][1:]),
-                     "notes": "identical_outputs: against " + ("specbench-ar" if name in (DEFAULT, TREE) else BASELINE)})
+                     "notes": "identical_outputs: against "
+                              + ("specbench-ar" if name in (DEFAULT, TREE) else BASELINE)})  # fmt: skip
     return rows
 
 
@@ -279,8 +298,9 @@ def main(argv=None) -> int:
     out = out_dir(args.out_dir, "peers")
     questions = heldout_questions(args.per_category, args.questions)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    rows, report = [], {"questions": [q["question_id"] for q in questions], "max_new_tokens": args.max_new_tokens,
-                        "threads": args.threads, "figures": {}}  # fmt: skip
+    rows, report = [], {"questions": [q["question_id"] for q in questions],
+                        "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+                        "figures": {}}  # fmt: skip
     for dtype in dtypes:
         runners, tokenizer = runners_for(dtype, args)
         answers = run_all(runners, tokenizer, questions)
@@ -293,11 +313,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "peers.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"answers and figures: {out}")
-    notes = (f"embedded SmolLM2-135M-Instruct, {args.max_new_tokens} new tokens, greedy; speedup against HF generate "
-             f"on a second, plain-transformers copy; hf-prompt-lookup: prompt_lookup_num_tokens={args.lookup_tokens}; "
-             f"hf-assisted: early exit K={args.assistant_layers}, HF default assistant settings. {args.notes}").strip()
+    notes = (f"embedded SmolLM2-135M-Instruct, {args.max_new_tokens} new tokens, greedy; speedup against HF "
+             "generate on a second, plain-transformers copy; hf-prompt-lookup: "
+             f"prompt_lookup_num_tokens={args.lookup_tokens}; hf-assisted: early exit "
+             f"K={args.assistant_layers}, HF default assistant settings. {args.notes}").strip()  # fmt: skip
     record_run(args, "peers", rows, "spec_bench heldout (first turn)", len(questions), dtype=",".join(dtypes),
-               threads=args.threads, doc="docs/benchmarks.md#peers-transformers-generate-prompt-lookup-assisted",
+               threads=args.threads,
+               doc="docs/benchmarks.md#peers-transformers-generate-prompt-lookup-assisted",
                notes=notes)  # fmt: skip
     lossless = all(r["identical_outputs"] for r in rows if r["setup"].endswith((DEFAULT, TREE)))
     print("specbench-default (and -tree) token-identical to specbench-ar:", lossless)

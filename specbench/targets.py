@@ -17,7 +17,8 @@ from typing import Any
 
 
 def import_target(path: str, key: str = "model.drafter._target_") -> Callable[..., Any]:
-    """The object ``path`` (``package.module.Name``) names; ValueError naming ``key`` when it does not import."""
+    """The object ``path`` (``package.module.Name``) names; ValueError naming ``key`` when it does not
+    import."""
     module_name, _, attribute = str(path or "").rpartition(".")
     if not module_name:
         raise ValueError(
@@ -45,7 +46,11 @@ def accepted_names(factory: Callable[..., Any]) -> tuple[list[str], bool]:
 
 
 def check_target(
-    target: str, kwargs: Mapping[str, Any], key: str, injected: Iterable[str] = (), params_key: str | None = None
+    target: str,
+    kwargs: Mapping[str, Any],
+    key: str,
+    injected: Iterable[str] = (),
+    params_key: str | None = None,
 ) -> Callable[..., Any]:
     """The object ``target`` names, with the names in ``kwargs`` checked against its signature.
 
@@ -57,7 +62,9 @@ def check_target(
     allowed = [name for name in accepted if name not in injected]
     unknown = [name for name in kwargs if name in injected or (name not in accepted and not takes_any)]
     if unknown:
-        raise ValueError(f"{params_key or key}: {target} takes no parameter {unknown[0]!r}; allowed: {allowed}")
+        raise ValueError(
+            f"{params_key or key}: {target} takes no parameter {unknown[0]!r}; allowed: {allowed}"
+        )
     return factory
 
 
@@ -72,8 +79,9 @@ def build_target(
 ) -> Any:
     """``target(**kwargs, **injected)`` through Hydra's ``instantiate`` (nested ``_target_``s built too unless
     ``recursive`` is false; containers passed as plain dicts and lists unless ``convert`` is "none"). Only the
-    injected objects the target's signature takes are passed. What the target raises is raised as it is (Hydra's wrapper taken off), except
-    a TypeError (arguments it refuses), which becomes a ValueError naming ``params_key`` (default ``key``)."""
+    injected objects the target's signature takes are passed. What the target raises is raised as it is
+    (Hydra's wrapper taken off), except a TypeError (arguments it refuses), which becomes a ValueError naming
+    ``params_key`` (default ``key``)."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 

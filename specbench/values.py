@@ -29,10 +29,10 @@ TOP_K_RKL = (  # train.loss=rkl with top-k targets (p is 0 outside the top-k)
 )
 TRAIN_OFFSETS = ("random", "blocked")  # train.offset
 DIVERSED_REGULARIZERS = ("tv", "l2")  # train.regularizer
-# train.reward (DIVERSED): the dataset's scorer or the verifier's mean log-likelihood of the rollout (REINFORCE),
-# or that likelihood's exact per-token expectation under the pool (expected_verifier_logp: no sampling variance)
+# train.reward (DIVERSED): the dataset's scorer or the verifier's mean rollout log-likelihood (REINFORCE),
+# or its exact per-token expectation under the pool (expected_verifier_logp: no sampling variance)
 # per_token_gate: supervised, the head learns that objective's per-token optimum w_t = 1[Δ_t < λ·TV_t]
-# auto (the config default): task where the dataset has a metric, else per_token_gate (resolved before training)
+# auto (config default): task where the dataset has a metric, else per_token_gate (resolved before training)
 DIVERSED_REWARDS = ("task", "verifier_logp", "expected_verifier_logp", "per_token_gate")
 TRAIN_REWARDS = ("auto", *DIVERSED_REWARDS)
 DEFERRALS = ("chow", "diff", "opt", "token")
@@ -70,15 +70,16 @@ def check_generation(
 
 
 def check_draft_vocab_size(size: Any, key: str, vocab_size: int | None = None) -> None:
-    """A reduced draft vocabulary's size (null: the full vocabulary); ``vocab_size``: the verifier's, when known."""
+    """A reduced draft vocabulary's size (null: the full vocabulary); ``vocab_size``: the verifier's, when
+    known."""
     if size is None:
         return
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"{key} must be an integer >= 1 or null (the full vocabulary), got {size!r}")
     if vocab_size is not None and size > vocab_size:
         raise ValueError(
-            f"{key}={size} exceeds the verifier's vocabulary of {vocab_size} tokens; use at most {vocab_size} "
-            "or null (the full vocabulary)"
+            f"{key}={size} exceeds the verifier's vocabulary of {vocab_size} tokens; use at most "
+            f"{vocab_size} or null (the full vocabulary)"
         )
 
 

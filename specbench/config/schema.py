@@ -30,7 +30,7 @@ class ReportTaskConfig(TaskConfig):
 
     sweep_dir: str | None = None
     experiment: str = "specbench-eval"
-    parent_run_id: str | None = None  # a sweep's MLflow parent run id; last: the newest sweep of the experiment
+    parent_run_id: str | None = None  # a sweep's MLflow parent run id; last: the experiment's newest sweep
     tags: Any = None  # {specbench.method: sd, ...} (or ["key=value", ...]): every tag must match
     filter: str | None = None  # extra MLflow filter string, ANDed with the above
     max_runs: int = 1000
@@ -64,10 +64,11 @@ def _method_config() -> type:
     fields += [(param.name, Optional[param.kind], None) for param in all_params()]  # noqa: UP045
     fields += [
         # dotted path of a VerificationRule subclass: a built-in method's yaml names its class (read by the
-        # method table, cleared by validation), a rule from outside the table is built from it (specbench.targets)
+        # method table, cleared by validation), a rule from outside the table is built from it
+        # (specbench.targets)
         ("_target_", Optional[str], None),  # noqa: UP045
-        ("params", dict[str, Any], field(default_factory=dict)),  # its constructor arguments (with ``_target_``)
-        ("target", Optional[str], None),  # noqa: UP045 (the old spelling of ``_target_``: refused, new one named)
+        ("params", dict[str, Any], field(default_factory=dict)),  # constructor arguments (with ``_target_``)
+        ("target", Optional[str], None),  # noqa: UP045 (old spelling of ``_target_``: refused, new one named)
     ]
     config = make_dataclass("MethodConfig", fields)
     config.__doc__ = _method_config.__doc__
@@ -93,8 +94,8 @@ class SteeringConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Draft-length schedule (methods.md §3.1): ``_target_`` the class (built-in: DraftSchedule, built with the
-    keys below; from outside: a class with DraftSchedule's methods, built with ``params``)."""
+    """Draft-length schedule (methods.md §3.1): ``_target_`` the class (built-in: DraftSchedule, built with
+    the keys below; from outside: a class with DraftSchedule's methods, built with ``params``)."""
 
     _target_: str = DRAFT_SCHEDULE
     name: str = SCHEDULE_DEFAULTS["name"]
@@ -102,7 +103,7 @@ class ScheduleConfig:
     max_gamma: int = SCHEDULE_DEFAULTS["max_gamma"]
     confidence_threshold: float = SCHEDULE_DEFAULTS["confidence_threshold"]
     profile: str | None = None  # cost_aware: a task=profile file (null: measured when the run starts)
-    learn_costs: bool = SCHEDULE_DEFAULTS["learn_costs"]  # cost_aware: re-estimate costs from the run's rounds
+    learn_costs: bool = SCHEDULE_DEFAULTS["learn_costs"]  # cost_aware: re-estimate them from the run's rounds
     params: dict[str, Any] = field(default_factory=dict)  # a schedule from outside: its constructor arguments
 
 
@@ -136,7 +137,7 @@ class DatasetConfig:
     reference_field: str | None = None
     metric: str | None = None  # none | rouge | bleu | exact_match | pass@1 | spec_bench
     categories: list[str] | None = None  # spec_bench / mt_bench: keep only these categories
-    subset: str = "all"  # all | train | heldout: a fixed split by prompt id (train on one part, evaluate on the other)
+    subset: str = "all"  # all | train | heldout: a fixed split by prompt id (train on one, test on the other)
     heldout_fraction: float = 0.2  # share of prompts in the heldout part (subset=train|heldout)
 
 
@@ -204,7 +205,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 0.5
     loss: str = "kl"  # kl = KL(p_V || q_D) | rkl = KL(q_D || p_V) | tvd
-    offset: str = "random"  # random: one steering offset in [1, max_offset] per batch | blocked: per-round blocks
+    offset: str = "random"  # random: one steering offset in [1, k] per batch | blocked: per-round blocks
     max_offset: int = 8  # k: the largest distance from the steering source (the decoding gamma)
     lora_rank: int = 16  # steering.finetune_drafter=lora
     lora_alpha: int = 32
@@ -224,14 +225,14 @@ class TrainConfig:
     baseline_ema: float = 0.9  # EMA of the reward baseline b
     regularizer: str = "tv"  # tv: -lambda * mean(1 - TV(q, pi)) | l2: (mean w_draft - target_weight)^2
     regularizer_weight: float = 0.1
-    # task: the dataset's per-sample scorer | verifier_logp: the verifier's mean log-likelihood per rollout token
+    # task: the dataset's per-sample scorer | verifier_logp: verifier's mean log-likelihood per rollout token
     # (REINFORCE) | expected_verifier_logp: its exact per-token expectation under the pool (differentiable)
     # | per_token_gate: cross-entropy to that objective's per-token optimum at lambda = regularizer_weight
     reward: str = "auto"  # auto: task where the dataset has a metric, else per_token_gate (validate_train)
     reward_weight: float = 1.0  # scale of the REINFORCE term (0: the regulariser alone)
     target_weight: float = 0.5  # l2 regulariser target draft weight
     # EAGLE-3 head (method=eagle3; docs/eagle3.md)
-    draft_vocab_size: int | None = 8192  # most frequent response tokens of train.data (None: whole vocabulary)
+    draft_vocab_size: int | None = 8192  # most frequent response tokens of train.data (None: full vocabulary)
     taps: list[int] | None = None  # verifier taps (None: EAGLE-3's (2, N//2, N-3))
     ttt_steps: int = 7  # training-time test: steps unrolled on the head's own outputs
     loss_decay: float = 0.8  # weight of step i: loss_decay^i
@@ -241,21 +242,23 @@ class TrainConfig:
     init_head: str | None = None  # a trained head (trained.pt / last.ckpt) to start from, e.g. on more data
     # DFlash draft network (method=dflash; docs/dflash.md). init_layer (above) also applies.
     dflash_layers: int = 1  # draft decoder layers (z-lab's Qwen3-8B drafter: 5)
-    dflash_taps: list[int] | None = None  # z-lab target_layer_ids: outputs of these verifier layers (None: spread)
+    dflash_taps: list[int] | None = None  # z-lab target_layer_ids: the verifier layers tapped (None: spread)
     dflash_block_size: int = 16  # block slots: the last token + block_size - 1 masks (drafts per forward)
     dflash_mask_token_id: int | None = None  # the verifier's mask token row (None: a learned mask embedding)
     dflash_anchors: int = 32  # blocks (random anchors) per sequence and step (SpecForge: 512)
-    dflash_loss_gamma: float | None = 7.0  # slot k weighted exp(-(k-1)/gamma) (paper: 7 / 5 / 4 for W 16 / 10 / 8)
-    dflash_draft_vocab_size: int | None = None  # LM-head rows of the most frequent response tokens (None: all; z-lab)
-    # The verifier-feature cache (eagle3, dflash, distill, sd2; docs/training.md#verifier-feature-cache-and-draft-vocabulary)
+    dflash_loss_gamma: float | None = 7.0  # slot k weighted exp(-(k-1)/gamma) (paper: 7/5/4 for W 16/10/8)
+    dflash_draft_vocab_size: int | None = None  # LM head: most frequent response tokens (None: all; z-lab)
+    # The verifier-feature cache (eagle3, dflash, distill, sd2;
+    # docs/training.md#verifier-feature-cache-and-draft-vocabulary)
     feature_cache: str | None = None  # DIR: verifier taps + targets computed once, shared by trainings
-    feature_top_k: int | None = None  # targets: top-k of the verifier's draft-vocabulary distribution (None: all)
+    feature_top_k: int | None = None  # targets: top-k of the verifier's draft-vocab distribution (None: all)
     feature_batch_size: int = 8  # rows per verifier forward when the cache is built
 
 
 @dataclass
 class ProfileConfig:
-    """``task=profile``: the verifier's time v(n) for n new tokens and the drafter's cost per drafted token."""
+    """``task=profile``: the verifier's time v(n) for n new tokens and the drafter's cost per drafted
+    token."""
 
     output: str | None = None  # the profile file (None: <run dir>/profile.json)
     max_n: int | None = None  # n = 1..max_n (None: schedule.max_gamma + 1)

@@ -82,9 +82,9 @@ class CachedModel:
         with these indices (both as defined in :mod:`specbench.models.taps`). ``tree_parents`` (B, W−1):
         the columns are a draft tree over column 0 (:mod:`specbench.decoding.tree`), each attending to the
         cache and its ancestors at position ``cached + depth``. ``model_inputs`` are passed to the model's
-        forward as they are (e.g. per-position features of a drafter head). ``logits=False``: run the model's body
-        only (no LM head; what a prefill whose logits nobody reads needs: the LM head over a long prompt costs
-        about as much as the body does)."""
+        forward as they are (e.g. per-position features of a drafter head). ``logits=False``: run the model's
+        body only (no LM head; what a prefill whose logits nobody reads needs: the LM head over a long prompt
+        costs about as much as the body does)."""
         if input_valid is None:
             input_valid = torch.ones_like(input_ids, dtype=torch.bool)
         if tree_parents is None:

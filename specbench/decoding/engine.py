@@ -1,10 +1,10 @@
 """The decoding loop shared by every method (methods.md §2–3).
 
-A method is a drafter (or none) + a verification rule + a draft schedule. Each round the drafter proposes
-up to γ' tokens per row (:mod:`specbench.decoding.protocol`), the verifier runs once over [last token, drafts],
+A method is a drafter (or none) + a verification rule + a draft schedule. Each round the drafter proposes up
+to γ' tokens per row (:mod:`specbench.decoding.protocol`), the verifier runs once over [last token, drafts],
 the rule accepts a prefix and one correction or bonus token is emitted. With no drafter the same loop is
-autoregressive decoding. The engine knows drafters only through their interface: which verifier outputs
-they read (taken from the forwards that run anyway), what they propose, and what was kept.
+autoregressive decoding. The engine knows drafters only through their interface: which verifier outputs they
+read (taken from the forwards that run anyway), what they propose, and what was kept.
 """
 
 from __future__ import annotations
@@ -94,12 +94,13 @@ def _lm_head_rows(model: PreTrainedModel) -> int:
 
 
 def check_drafter(drafter: object) -> Drafter | None:
-    """``drafter`` itself when it is a :class:`Drafter` (or None); a TypeError naming the wrapper otherwise."""
+    """``drafter`` itself when it is a :class:`Drafter` (or None); a TypeError naming the wrapper
+    otherwise."""
     if drafter is None or isinstance(drafter, Drafter):
         return drafter
     raise TypeError(
-        f"the engine takes a Drafter (specbench.decoding.protocol) or None, not {type(drafter).__name__}; wrap "
-        "a transformers model in specbench.decoding.model_drafter.ModelDrafter(model, vocab_size), as "
+        f"the engine takes a Drafter (specbench.decoding.protocol) or None, not {type(drafter).__name__}; "
+        "wrap a transformers model in specbench.decoding.model_drafter.ModelDrafter(model, vocab_size), as "
         "specbench.evaluation.build_engines does"
     )
 
@@ -111,7 +112,9 @@ def verified_vocab_size(verifier: PreTrainedModel, drafter: Drafter | None, voca
     if vocab > verifier_rows:
         raise ValueError(f"vocab_size={vocab} exceeds the verifier's LM head ({verifier_rows} rows)")
     drafter_rows = drafter.lm_head_rows if drafter is not None else None
-    if drafter_rows is not None and (drafter_rows < vocab or (vocab_size is None and drafter_rows != verifier_rows)):
+    if drafter_rows is not None and (
+        drafter_rows < vocab or (vocab_size is None and drafter_rows != verifier_rows)
+    ):
         raise ValueError(
             f"the drafter's LM head has {drafter_rows} rows and the verifier's {verifier_rows}: p and q must "
             f"cover the same vocabulary; pass vocab_size=<the shared tokenizer's size> (see "
@@ -219,7 +222,9 @@ class SpeculativeEngine:
             result.wall_time = elapsed
         return results
 
-    def _verifier_forward(self, tokens, valid, hidden: bool, taps, logits: bool = True) -> tuple[ForwardOutput, VerifierView]:
+    def _verifier_forward(
+        self, tokens, valid, hidden: bool, taps, logits: bool = True
+    ) -> tuple[ForwardOutput, VerifierView]:
         out = self.verifier.forward(tokens, valid, output_hidden=hidden, output_taps=taps, logits=logits)
         return out, VerifierView(tokens, valid, out.hidden, out.taps)
 
@@ -245,7 +250,9 @@ class SpeculativeEngine:
         if self.drafter is not None:
             caps = torch.clamp(torch.minimum(self.schedule.caps(state.gammas), budget), min=0)
             if int(caps.max()) > 0:
-                proposal = self.drafter.propose(state, caps, sampler, want_hidden=self.rule.requires_hidden_states)
+                proposal = self.drafter.propose(
+                    state, caps, sampler, want_hidden=self.rule.requires_hidden_states
+                )
                 proposal = self.schedule.trim(proposal)
         t1 = self.clock.now()
         if proposal.is_tree:
@@ -264,7 +271,9 @@ class SpeculativeEngine:
         verifier_valid = columns <= draft_lens.unsqueeze(1)
         needs_hidden = self.rule.requires_hidden_states and gamma > 0
         needs = self.drafter_needs
-        out, view = self._verifier_forward(verifier_input, verifier_valid, needs.hidden or needs_hidden, needs.taps)
+        out, view = self._verifier_forward(
+            verifier_input, verifier_valid, needs.hidden or needs_hidden, needs.taps
+        )
         p = self.warping.probs(out.logits)
         weights = None
         if needs_hidden:
@@ -291,7 +300,11 @@ class SpeculativeEngine:
         verifier_valid = torch.cat([root, parents >= 0], dim=1)
         needs = self.drafter_needs
         out = self.verifier.forward(
-            verifier_input, verifier_valid, output_hidden=needs.hidden, output_taps=needs.taps, tree_parents=parents
+            verifier_input,
+            verifier_valid,
+            output_hidden=needs.hidden,
+            output_taps=needs.taps,
+            tree_parents=parents,
         )
         verdict = verify_tree(self.warping.probs(out.logits), proposal.tokens, parents, self.warping.greedy,
                               self.generator, proposal.q)  # fmt: skip

@@ -19,7 +19,8 @@ from specbench.method_names import (  # noqa: F401
 from specbench.targets import build_target, import_target
 
 RULES: dict[str, type[VerificationRule]] = {
-    name: import_target(METHOD_TABLE[name].rule, f"the method table's rule of {name}") for name in RULE_METHODS
+    name: import_target(METHOD_TABLE[name].rule, f"the method table's rule of {name}")
+    for name in RULE_METHODS
 }
 
 

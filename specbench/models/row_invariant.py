@@ -37,11 +37,11 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 ROWWISE_ATTENTION = "sdpa_rowwise"
 MAX_ROWWISE_QUERIES = 32  # a verification block is γ + 1 rows; longer blocks are prefills
 MAX_TRANSPOSED_ROWS = 64  # rows of a linear layer's transposed product (beyond: prefills, large batches)
-# float32 on a CPU (speed only: float32 is not made row-invariant). On Intel Xeon with AMX F.linear's cost steps
-# up at 7 rows on large matrices (SmolLM2's MLP: 1 row 0.12 ms, 7 rows 0.35 ms, 11 rows 0.46 ms) while the
-# transposed product stays at 0.22-0.26 ms up to 16 rows; on a 576 x 576 projection F.linear stays cheaper up to
-# ~16 rows. On AMD EPYC it is the other way round (the MLP at 8-11 rows: F.linear 0.26-0.39 ms, the transposed
-# product 0.50-0.76 ms): only the CPUs with AMX take it (``fp32_transposed``).
+# float32 on a CPU (speed only: float32 is not made row-invariant). On Intel Xeon with AMX F.linear's cost
+# steps up at 7 rows on large matrices (SmolLM2's MLP: 1 row 0.12 ms, 7 rows 0.35 ms, 11 rows 0.46 ms) while
+# the transposed product stays at 0.22-0.26 ms up to 16 rows; on a 576 x 576 projection F.linear stays cheaper
+# up to ~16 rows. On AMD EPYC it is the other way round (the MLP at 8-11 rows: F.linear 0.26-0.39 ms, the
+# transposed product 0.50-0.76 ms): only the CPUs with AMX take it (``fp32_transposed``).
 FP32_TRANSPOSED_ROWS = (7, 64)
 FP32_TRANSPOSED_WEIGHT = 1 << 19  # weight elements
 KEY_CHUNK = 512  # keys per probability-value product (below the 1024 where the kernel's blocking changed)
@@ -68,7 +68,7 @@ def linear_product() -> str:
 
 
 LINEAR_PRODUCT = linear_product()
-FP32_TRANSPOSED = _has_amx()  # float32 blocks of FP32_TRANSPOSED_ROWS on large weights: the transposed product
+FP32_TRANSPOSED = _has_amx()  # float32 blocks of FP32_TRANSPOSED_ROWS on large weights: transposed product
 
 
 def needs_row_invariance(x: torch.Tensor) -> bool:
@@ -92,7 +92,7 @@ class RowInvariantLinear(nn.Linear):
         rows = x.numel() // width if width else 0
         if 1 <= rows <= MAX_TRANSPOSED_ROWS and x.dtype in REDUCED and x.device.type == "cpu":
             flat = x.reshape(rows, width)
-            if rows == 1:  # two real rows (cat costs a quarter of repeat); a stride-0 expand took the one-row path
+            if rows == 1:  # two real rows (cat costs 1/4 of repeat); a stride-0 expand took the one-row path
                 flat = torch.cat((flat, flat))
             if LINEAR_PRODUCT == "linear":
                 out = F.linear(flat, self.weight, self.bias)[:rows]
@@ -181,9 +181,9 @@ def _attend(query, key, value, allowed, scale) -> torch.Tensor:
     # The probability-value product reduces over the keys, and the kernel's blocking of that reduction changes
     # with the number of keys (measured on AMD EPYC: 1019..1023 keys against 1025..1029 with the later ones
     # masked give other bits; on Intel Xeon with AMX already 34 against 35). Every chunk is therefore exactly
-    # KEY_CHUNK keys from key 0, the last one padded with zero weights and zero values: a query's reduction is the
-    # same however many keys follow it, its masked tail and the padding add exact zeros, and the partials are
-    # added in order. The denominator is one more column of the values, ``[V, 1]``.
+    # KEY_CHUNK keys from key 0, the last one padded with zero weights and zero values: a query's reduction is
+    # the same however many keys follow it, its masked tail and the padding add exact zeros, and the partials
+    # are added in order. The denominator is one more column of the values, ``[V, 1]``.
     width = value.shape[-1]  # may differ from the query / key width
     padded = -(-keys // KEY_CHUNK) * KEY_CHUNK
     value_one = value.new_zeros(*value.shape[:-2], padded, width + 1)
@@ -192,7 +192,9 @@ def _attend(query, key, value, allowed, scale) -> torch.Tensor:
     weights = F.pad(weights, (0, padded - keys))
     summed = None
     for start in range(0, padded, KEY_CHUNK):
-        part = torch.matmul(weights[..., start : start + KEY_CHUNK], value_one[..., start : start + KEY_CHUNK, :])
+        part = torch.matmul(
+            weights[..., start : start + KEY_CHUNK], value_one[..., start : start + KEY_CHUNK, :]
+        )
         summed = part.float() if summed is None else summed.add_(part.float())
     width = value.shape[-1]  # may differ from the query / key width
     out = (summed[..., :width] / summed[..., width:].clamp(min=1e-30)).to(query.dtype)

@@ -2,12 +2,13 @@
 
 A verification forward runs the verifier over γ + 1 positions, so its LM head multiplies 2–9 rows by the
 (vocab × H) output matrix. On the CPUs measured here (AMD EPYC, MKL, fp32) ``F.linear`` takes that size
-through a path that costs 2–3× the one-row product, although both stream the same weights once; the
-transposed product ``W @ xᵀ`` stays within 1.1–1.3× of one row up to 8 rows and is faster up to 64
-(docs/engine.md#verification-cost-on-a-cpu; measured by the retired benchmarks/verify_cost.py, its record in results/verify_cost/). One float32 row keeps ``F.linear``
-(its matrix-vector path is already the fast one, and autoregressive decoding stays bit-for-bit as before),
-and so does anything not on a CPU; bf16 / fp16 CPU inputs take :class:`RowInvariantLinear`'s forward (the
-transposed product too, and one row as two). The result differs from ``F.linear`` only by float rounding.
+through a path that costs 2–3× the one-row product, although both stream the same weights once; the transposed
+product ``W @ xᵀ`` stays within 1.1–1.3× of one row up to 8 rows and is faster up to 64
+(docs/engine.md#verification-cost-on-a-cpu; measured by the retired benchmarks/verify_cost.py, its record in
+results/verify_cost/). One float32 row keeps ``F.linear`` (its matrix-vector path is already the fast one, and
+autoregressive decoding stays bit-for-bit as before), and so does anything not on a CPU; bf16 / fp16 CPU
+inputs take :class:`RowInvariantLinear`'s forward (the transposed product too, and one row as two). The result
+differs from ``F.linear`` only by float rounding.
 """
 
 from __future__ import annotations

@@ -252,7 +252,8 @@ def _merge(parts: list[RunRecord]) -> RunRecord:
 
 
 def comparison_table(runs: list[RunRecord]) -> pd.DataFrame:
-    """One row per run: method, schedule, gamma, weight, τ, acceptance, tokens/s, speedup, quality*, extras."""
+    """One row per run: method, schedule, gamma, weight, τ, acceptance, tokens/s, speedup, quality*,
+    extras."""
     quality = quality_metrics(runs)
     rows = []
     for run in runs:
