@@ -122,3 +122,17 @@ def test_peers_benchmark_records_every_row_with_rounds_that_add_up(tmp_path):
                 or not choice["drafted"]
             )
             assert all(0 <= a <= d for d, a in zip(choice["drafted"], choice["accepted"]))
+
+
+def test_cpu_kernels_benchmark_records_every_shape_and_attention_size(tmp_path, capsys):
+    import cpu_kernels
+
+    from specbench.results.record import load_records
+
+    assert cpu_kernels.main(["--repeats", "2", "--results-dir", str(tmp_path)]) == 0
+    (_, record), = load_records(tmp_path)
+    setups = [row["setup"] for row in record["rows"]]
+    assert len(setups) == len(cpu_kernels.SHAPES) * len(cpu_kernels.ROWS) + len(cpu_kernels.KEYS)
+    attention = {key: value["value"] for key, value in record["rows"][-1]["figures"].items()}
+    assert attention["rowwise_over_sdpa"] == attention["rowwise_ms"] / attention["sdpa_ms"]
+    assert "LINEAR_PRODUCT on this CPU" in capsys.readouterr().out
