@@ -21,19 +21,26 @@ def _fallback(min_lookup_tokens=2, model_gamma=2) -> FallbackDrafter:
     return FallbackDrafter(SuffixDrafter(backend="python"), model, 320, min_lookup_tokens, model_gamma)
 
 
-@pytest.mark.parametrize("kind", ["attention", "local"])
-def test_greedy_output_is_the_verifiers_own_with_both_drafters_drafting(kind):
+def decodes_as_the_verifier(kind: str, make_drafter) -> tuple[FallbackDrafter, list]:
+    """Greedy decoding of every e2e prompt with a fresh ``make_drafter()``, batched and one at a time, equals
+    HF greedy decoding; returns the batched run's drafter and results."""
     prompts = [list(p) for p in e2e_prompts(kind)]
     expected = [hf_generate(tiny_verifier(kind), p, 30)[0] for p in prompts]
-    drafter = _fallback()
+    drafter = make_drafter()
     batched = lookup_engine(kind, drafter).generate(prompts)
-    alone = [lookup_engine(kind, _fallback()).generate([p])[0] for p in prompts]
+    alone = [lookup_engine(kind, make_drafter()).generate([p])[0] for p in prompts]
     for want, row, single in zip(expected, batched, alone):
         assert row.output_ids == want and single.output_ids == want
-        assert all(r.drafted <= 10 for r in row.rounds)
     assert drafter.lookup_rows > 0 and drafter.model_rows > 0
+    return drafter, batched
+
+
+@pytest.mark.parametrize("kind", ["attention", "local"])
+def test_greedy_output_is_the_verifiers_own_with_both_drafters_drafting(kind):
+    _, batched = decodes_as_the_verifier(kind, _fallback)
+    assert all(r.drafted <= 10 for row in batched for r in row.rounds)
     model_rounds = [r for res in batched for r in res.rounds if r.draft_forwards > 0]
-    assert model_rounds and all(r.drafted <= 2 * len(prompts) for r in model_rounds)
+    assert model_rounds and all(r.drafted <= 2 * len(batched) for r in model_rounds)
 
 
 def test_a_row_with_a_long_match_takes_the_lookup_chain_and_others_the_model():

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 from distribution import chi2_pvalue, exact_first_tokens
-from test_lookup_drafters import SAMPLER, e2e_prompts, hf_generate, lookup_engine, tiny_verifier
+from test_fallback_drafter import decodes_as_the_verifier
+from test_lookup_drafters import SAMPLER, e2e_prompts, lookup_engine, tiny_verifier
 
 from specbench.decoding.drafting import BatchState
 from specbench.decoding.model_drafter import ModelDrafter
@@ -95,14 +96,7 @@ def _tree_fallback(model_gamma=1):
 
 @pytest.mark.parametrize("kind", ["attention", "local"])
 def test_greedy_output_is_the_verifiers_own_with_trees_chains_and_the_model(kind):
-    prompts = [list(p) for p in e2e_prompts(kind)]
-    expected = [hf_generate(tiny_verifier(kind), p, 30)[0] for p in prompts]
-    drafter = _tree_fallback()
-    batched = lookup_engine(kind, drafter).generate(prompts)
-    alone = [lookup_engine(kind, _tree_fallback()).generate([p])[0] for p in prompts]
-    for want, row, single in zip(expected, batched, alone):
-        assert row.output_ids == want and single.output_ids == want
-    assert drafter.lookup_rows > 0 and drafter.model_rows > 0
+    drafter, _ = decodes_as_the_verifier(kind, _tree_fallback)
     assert drafter.lookup.tree_rounds > 0  # the two lookups disagreed on some rounds: trees were verified
 
 
