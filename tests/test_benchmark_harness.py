@@ -136,3 +136,27 @@ def test_cpu_kernels_benchmark_records_every_shape_and_attention_size(tmp_path, 
     attention = {key: value["value"] for key, value in record["rows"][-1]["figures"].items()}
     assert attention["rowwise_over_sdpa"] == attention["rowwise_ms"] / attention["sdpa_ms"]
     assert "LINEAR_PRODUCT on this CPU" in capsys.readouterr().out
+
+
+def test_synth_throughput_benchmark_puts_batched_next_to_one_stream(tmp_path, capsys):
+    import synth_throughput
+
+    from specbench.results.record import load_records
+
+    argv = [
+        "--batch-size",
+        "3",
+        "--single-prompts",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--results-dir",
+        str(tmp_path),
+    ]
+    assert synth_throughput.main(argv) == 0
+    ((_, record),) = load_records(tmp_path)
+    single, batched = (row["figures"] for row in record["rows"])
+    assert single["vs_single_stream"]["value"] == 1.0
+    ratio = batched["tokens_per_s"]["value"] / single["tokens_per_s"]["value"]
+    assert batched["vs_single_stream"]["value"] == pytest.approx(ratio)
+    assert "batch 3" in capsys.readouterr().out

@@ -178,6 +178,7 @@ class SynthConfig:
     num_shards: int = 1  # a SLURM array: job shard_id samples prompts i with i % num_shards == shard_id
     shard_id: int = 0
     resume: bool = True  # a rerun into the same output dir samples only the prompts not done yet
+    compress: bool = False  # a finished shard's rows file becomes rows-shard{i}-of-{n}.jsonl.gz (to commit)
     responses_per_prompt: int = 1  # sampled responses per prompt (T > 0 gives different ones)
     max_new_tokens: int | None = None  # cap on generated tokens per row (None: up to target_len in all)
     # Who samples the responses (specbench/serving, docs/scaling.md): hf (this process) | openai | vllm

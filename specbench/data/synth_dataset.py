@@ -18,11 +18,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specbench.data.synth_archive import ARCHIVE_GLOB, archive_metadata
 from specbench.data.synth_rows import (
     COLUMNS,
     FORMAT,
     FORMAT_VERSION,
     SynthDataError,
+    _iter_rows,
     _Packed,
     _write_json,
     validation_ids,
@@ -141,6 +143,7 @@ def _dataset_dirs(path: Path) -> list[Path]:
         return [path]
     if not path.is_dir():
         raise SynthDataError(f"train.data: {str(path)!r} does not exist (expected a task=synth output dir)")
+    materialise(path)  # finished shards committed as archives, without their dataset dirs
     found = sorted(
         p
         for p in path.iterdir()
@@ -159,6 +162,35 @@ def _dataset_dirs(path: Path) -> list[Path]:
     raise SynthDataError(
         f"train.data: {path} is not a task=synth output (no {DATASET_DIR}/{METADATA_FILE} in it)"
     )
+
+
+def materialise(out_dir: Path) -> list[Path]:
+    """Rebuild the dataset dir of every archive in ``out_dir`` that has none (or an older one); returns the
+    dataset dirs of all archives. No model is loaded: the rows and metadata are in the archive's files."""
+    built = []
+    for archive in sorted(out_dir.glob(ARCHIVE_GLOB)):
+        metadata = archive_metadata(archive)
+        target = dataset_path(out_dir, int(metadata["shard_id"]), int(metadata["num_shards"]))
+        stale = not _same_build(target / METADATA_FILE, metadata)
+        if stale:
+            if not os.access(out_dir, os.W_OK):
+                raise SynthDataError(
+                    f"{out_dir}: cannot rebuild {target.name} from {archive.name} (the dir is read-only); "
+                    "copy the corpus dir somewhere writable and pass that"
+                )
+            rows = [_Packed.of(row) for _, row in _iter_rows(archive, target_len=metadata.get("target_len"))]
+            save_dataset(rows, {**metadata, "rebuilt_from": archive.name}, target)
+        built.append(target)
+    return built
+
+
+def _same_build(dataset_metadata: Path, metadata: dict[str, Any]) -> bool:
+    """Whether the dataset dir's metadata is the archive's build (same creation stamp and row count)."""
+    try:
+        saved = json.loads(dataset_metadata.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return all(saved.get(key) == metadata.get(key) for key in ("created", "rows", "identity"))
 
 
 def _check_split(table: Any, where: str, target_len: int | None) -> None:

@@ -14,10 +14,12 @@ what made the rows; a rerun with other settings stops instead of mixing them). T
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
 import sys
+import zlib
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -67,6 +69,9 @@ def read_rows(path: str | Path, repair: bool = False) -> list[dict]:
 
 def _iter_rows(path: Path, repair: bool = False, target_len: int | None = None) -> Iterable[tuple[int, dict]]:
     """(line number, row) of a rows file, streamed (see :func:`read_rows`)."""
+    if path.name.endswith(".gz"):
+        yield from _iter_archive(path, target_len)
+        return
     complete, torn = 0, 0
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, start=1):
@@ -90,6 +95,27 @@ def _iter_rows(path: Path, repair: bool = False, target_len: int | None = None) 
         if repair:
             with open(path, "r+b") as handle:
                 handle.truncate(complete)
+
+
+def _iter_archive(path: Path, target_len: int | None) -> Iterable[tuple[int, dict]]:
+    """(line number, row) of a finished shard's gzip archive; a truncated or corrupt archive, or a bad
+    line in it, raises SynthDataError naming the file and line (a finished shard has no torn line)."""
+    number = 0
+    try:
+        with gzip.open(path, "rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.endswith(b"\n"):
+                    raise SynthDataError(f"{path}:{number}: the last line of a finished shard is cut off")
+                row = json.loads(line)
+                check_row(row, f"{path}:{number}", target_len)
+                yield number, row
+    except (OSError, EOFError, zlib.error, json.JSONDecodeError) as err:
+        raise SynthDataError(
+            f"{path}:{number + 1}: the compressed shard is truncated or corrupt "
+            f"({type(err).__name__}: {err}); the other shards are not affected: restore this file "
+            "(git checkout -- FILE) or delete it with its .metadata.json and rerun its synth.shard_id to "
+            "sample it again"
+        ) from err
 
 
 def check_row(row: Any, where: str, target_len: int | None = None) -> None:

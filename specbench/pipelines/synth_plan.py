@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specbench.data.dataset_config import DatasetSettings
+from specbench.data.synth_archive import archive_path
 from specbench.data.synth_dataset import _differences
 from specbench.data.synth_rows import (
     SynthDataError,
@@ -144,8 +145,10 @@ def check_resumable(out_dir: str | Path, settings: SynthSettings, identity: Mapp
     Loads no model; only keys that ``identity`` has are compared (see :func:`run_identity`).
     """
     rows_file = rows_path(out_dir, settings.shard_id, settings.num_shards)
-    if not rows_file.exists():
+    archive = archive_path(out_dir, settings.shard_id, settings.num_shards)
+    if not rows_file.exists() and not archive.exists():
         return
+    rows_file = rows_file if rows_file.exists() else archive
     fix = (
         "pass synth.resume=false to start over (the old rows are kept aside) or choose another "
         "synth.output_dir"

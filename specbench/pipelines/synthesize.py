@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,12 +27,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from specbench.data.dataset_config import DatasetSettings
 from specbench.data.datasets import encode_sample
 from specbench.data.prompts import Prompt
+from specbench.data.synth_archive import archive_path, write_archive
 from specbench.data.synth_dataset import dataset_path, save_dataset
 from specbench.data.synth_rows import (
     FORMAT,
     FORMAT_VERSION,
-    SynthDataError,
-    _iter_rows,
     _Packed,
     _write_json,
     make_row,
@@ -43,13 +41,12 @@ from specbench.data.synth_rows import (
 )
 from specbench.pipelines.synth_plan import (
     SynthSettings,
-    _set_aside,
     batch_seed,
-    check_resumable,
     job_id,
     plan_batches,
     run_identity,
 )
+from specbench.pipelines.synth_resume import prior_rows
 
 if TYPE_CHECKING:  # imported lazily: the engine is slow to import
     from specbench.models.loading import LoadedModel
@@ -165,6 +162,7 @@ def synthesize(
     on_batch: SynthCallback | None = None,
     extra_metadata: Mapping[str, Any] | None = None,
     backend: ResponseBackend | None = None,
+    compress: bool = False,
 ) -> SynthResult:
     """Sample this shard's rows from ``verifier`` into ``out_dir`` and save them as a DatasetDict.
 
@@ -175,6 +173,9 @@ def synthesize(
     (:func:`batch_seed`) and its rows are flushed to the rows file before the next one. With ``resume``,
     rows already in the file (same settings, else SynthDataError) are kept and only missing prompts run.
     ``backend`` generates the responses (default: :class:`EngineBackend`, the verifier in this process).
+    With ``compress`` a finished shard's rows file becomes a gzip archive
+    (:mod:`specbench.data.synth_archive`); a shard whose archive exists is complete: its rows are read
+    from it and nothing is sampled.
     """
     from specbench.evaluation import eos_token_ids, pad_token_id, shard_indices
     from specbench.models.pair import tokenizer_hash
@@ -193,13 +194,7 @@ def synthesize(
 
     responses = settings.responses_per_prompt
     jobs = {job_id(i, k, responses): (i, k) for i in encoded for k in range(responses)}
-    done: dict[int, _Packed] = {}  # by job id
-    if rows_file.exists() and resume:
-        check_resumable(out, settings, identity)
-        done = _resumed_rows(rows_file, encoded, responses, settings.target_len)
-    elif rows_file.exists() or record_file.exists():
-        for moved in _set_aside([rows_file, record_file]):
-            print(f"synth.resume=false: kept the earlier file as {moved}", file=sys.stderr)
+    done = prior_rows(out, settings, identity, encoded, jobs, resume)  # by job id
     _write_json(record_file, {"format": FORMAT, "version": FORMAT_VERSION, "identity": identity})
 
     backend = backend or EngineBackend(verifier, settings)
@@ -218,9 +213,12 @@ def synthesize(
         pad_token_id(tokenizer, eos),
     )
     metadata["backend"] = backend.describe()
+    metadata["throughput"] = sampled.throughput()
     metadata.update(dict(extra_metadata or {}))
     target = dataset_path(out, settings.shard_id, settings.num_shards)
     save_dataset(rows, metadata, target)
+    if compress and rows_file.exists():
+        write_archive(rows_file, archive_path(out, settings.shard_id, settings.num_shards), metadata)
     return SynthResult(
         target, metadata, new_rows=sampled.new_rows, new_generated_tokens=sampled.new_tokens,
         wall_time_s=sampled.wall,
@@ -245,32 +243,6 @@ def _encode_shard(
     return encoded, formats, skipped
 
 
-def _resumed_rows(
-    rows_file: Path, encoded: dict[int, list[int]], responses: int, target_len: int
-) -> dict[int, _Packed]:
-    """The rows already in ``rows_file``, by job id; SynthDataError for one this run would not write."""
-    done: dict[int, _Packed] = {}
-    for number, row in _iter_rows(rows_file, repair=True, target_len=target_len):
-        index, response = row["source_index"], int(row.get("response_index", 0))
-        job = job_id(index, response, responses)
-        problem = None
-        if job in done:
-            problem = "is a duplicate"
-        elif index not in encoded or response >= responses:
-            problem = "is not a prompt of this shard"
-        elif row["input_ids"][: row["prompt_len"]] != encoded[index]:
-            problem = "has another prompt than this run encodes"
-        if problem:
-            raise SynthDataError(
-                f"{rows_file}:{number}: the row of source_index {index} (response {response}) {problem}; "
-                "pass "
-                "synth.resume=false to start over (the old rows are kept aside) or choose another "
-                "synth.output_dir"
-            )
-        done[job] = _Packed.of(row)
-    return done
-
-
 class _Sampling:
     """Samples batches of jobs with ``backend`` and appends their rows to the rows file, adding them to
     ``done``; counts the new rows, generated tokens and generation seconds."""
@@ -282,12 +254,22 @@ class _Sampling:
         self.jobs, self.eos, self.done = jobs, eos, done
         self.new_rows, self.new_tokens, self.wall = 0, 0, 0.0
 
+    def throughput(self) -> dict[str, Any]:
+        """This process's sampling numbers, for the metadata."""
+        rate = round(self.new_tokens / self.wall, 2) if self.wall > 0 else None
+        return {
+            "new_rows": self.new_rows, "new_generated_tokens": self.new_tokens,
+            "decoding_s": round(self.wall, 3), "tokens_per_s": rate, "batch_size": self.settings.batch_size,
+        }  # fmt: skip
+
     def run(
         self, todo: Sequence[Sequence[int]], rows_file: Path, on_batch: SynthCallback | None, progress: bool
     ):
         """Sample every batch of ``todo`` into ``rows_file`` (appended), with a progress bar."""
         from tqdm.auto import tqdm
 
+        if not todo:
+            return
         total = sum(i not in self.done for b in todo for i in b)
         bar = tqdm(total=total, desc="synth", unit="row", disable=not progress)
         with open(rows_file, "a", encoding="utf-8") as handle:

@@ -108,6 +108,7 @@ class SynthTask(Task):
                 dataset=data,
                 prompt_format=cfg.dataset.prompt_format,
                 resume=cfg.synth.resume,
+                compress=cfg.synth.compress,
                 backend=backend,
                 extra_metadata={
                     "config": OmegaConf.to_container(cfg, resolve=True),
