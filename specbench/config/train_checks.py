@@ -85,6 +85,11 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
         _check_eagle3_training(cfg, train)
     if method == "dflash":
         _check_dflash_training(cfg, train)
+    if method in ("eagle3", "dflash") and cfg.method.get("objective") == "opd" and not train["init_head"]:
+        raise ConfigError(
+            f"method={method}_opd distils on-policy from an SFT-trained {method} drafter: set "
+            f"train.init_head=<the trained.pt of a task=train method={method} run>"
+        )
     if method in ("sd2", "distill", "eagle3", "dflash"):
         if not data:
             raise ConfigError(
@@ -200,9 +205,15 @@ def _check_dflash_training(cfg: DictConfig, train: dict[str, Any]) -> None:
             f"train.init_layer must be one of {list(values.EAGLE3_INIT_LAYERS)}, got {train['init_layer']!r}"
         )
     if train["init_head"] is not None:
-        raise ConfigError(
-            "train.init_head continues an EAGLE-3 head; method=dflash resumes from last.ckpt instead"
-        )
+        if train["init_layer"] != "random":
+            raise ConfigError(
+                "train.init_head and train.init_layer both set the drafter's starting weights; drop one"
+            )
+        if not Path(str(train["init_head"])).expanduser().is_file():
+            raise ConfigError(
+                f"train.init_head: {train['init_head']!r} is not a file; pass the trained.pt or last.ckpt "
+                "of an earlier task=train method=dflash run"
+            )
     if train["dflash_draft_vocab_size"] is not None and train["dflash_draft_vocab_size"] < 1:
         raise ConfigError(
             f"train.dflash_draft_vocab_size must be >= 1 or null, got {train['dflash_draft_vocab_size']}"
