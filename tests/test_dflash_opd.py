@@ -19,6 +19,7 @@ from test_dflash_training import (
     batch_of,
     data,  # noqa: F401  (fixture)
     decoding_block,
+    fit,
     random_draft,
     settings,
     synth_dir,  # noqa: F401  (fixture)
@@ -40,19 +41,6 @@ FULL = DraftVocab.full(VOCAB)
 @pytest.fixture(scope="module")
 def verifier():
     return tiny_verifier()
-
-
-def fit(cfg, verifier, out_dir, max_steps, objective="sft"):
-    """task=train's path: the module of cfg.method.objective, fitted."""
-    from specbench.tracking import NULL_TRACKER
-    from specbench.training.trainer import build_trainer
-
-    cfg.train.max_steps = max_steps
-    module, datamodule = build_training("dflash", cfg, verifier, VOCAB, [EOS_ID], PAD_ID)
-    assert module.objective == objective
-    trainer, metrics = build_trainer(cfg.train, out_dir, NULL_TRACKER, torch.device("cpu"))
-    trainer.fit(module, datamodule=datamodule)
-    return module, trainer, metrics
 
 
 def opd_module(verifier, draft, gamma=WIDTH - 1):
@@ -159,7 +147,7 @@ def test_dflash_opd_continues_an_sft_drafter_and_logs_its_rollout(verifier, synt
     module, _ = build_training("dflash", cfg, verifier, VOCAB, [EOS_ID], PAD_ID)
     for name, param in sft.draft.state_dict().items():
         torch.testing.assert_close(module.draft.state_dict()[name], param)
-    module, _, metrics = fit(cfg, verifier, tmp_path / "opd", 2, objective="opd")
+    module, _, metrics = fit(cfg, verifier, tmp_path / "opd", 2)
     assert isinstance(module, DFlashOpdTraining) and module.metadata()["objective"] == "opd"
     assert {"train/rollout_tau", "train/rollout_accepted", "val/rollout_tau"} <= set(metrics.last)
     assert metrics.last["train/head_tokens"] > metrics.last["train/head_grad_tokens"] > 0  # the rollout's

@@ -13,23 +13,31 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import compose_config
-from test_eagle3 import VOCAB, batch_of, engine_for, perturbed_head, tiny_verifier, train_cfg
+from test_eagle3 import (  # noqa: F401  (fixtures: synth_dir, data, trained_head)
+    VOCAB,
+    batch_of,
+    data,
+    engine_for,
+    fit,
+    perturbed_head,
+    synth_dir,
+    tiny_verifier,
+    train_cfg,
+    trained_head,
+)
 
 from specbench.config.methods import normalize_method
 from specbench.config.train_checks import validate_train
-from specbench.data.prompts import Prompt
 from specbench.data.synth_dataset import load_synthetic
 from specbench.drafters.eagle3.head import Eagle3Head
 from specbench.errors import ConfigError
 from specbench.models.draft_vocab import DraftVocab
 from specbench.models.tiny import EOS_ID, PAD_ID
-from specbench.pipelines.synth_plan import SynthSettings
-from specbench.pipelines.synthesize import synthesize
 from specbench.training.eagle3 import build_eagle3_training, ttt_loss
 from specbench.training.eagle3_opd import chain_rollout, opd_loss, unrolled_drafts
 from specbench.training.objectives import build_training
 from specbench.training.opd import leading_accepts, walk_rounds
-from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
+from specbench.training.trainer import export_trained
 
 
 @pytest.fixture(scope="module")
@@ -38,37 +46,14 @@ def verifier():
 
 
 @pytest.fixture(scope="module")
-def synth_dir(verifier, tmp_path_factory):
-    """Greedy task=synth rows of the tiny verifier: its own continuations, what greedy decoding commits."""
-    words = ["apple", "river", "stone", "cloud", "engine", "garden", "violin", "planet", "copper", "lantern"]
-    prompts = [Prompt(i, f"{words[i % 10]} {words[(7 * i + 3) % 10]} {i}") for i in range(24)]
-    settings = SynthSettings(
-        target_len=64, max_prompt_len=40, temperature=0.0, batch_size=12, validation_fraction=0.2, seed=0
-    )
-    out = tmp_path_factory.mktemp("opd-synth")
-    synthesize(verifier, prompts, settings, out, progress=False)
-    return out
-
-
-@pytest.fixture(scope="module")
-def rows(synth_dir):
+def rows(synth_dir):  # noqa: F811
     return load_synthetic(str(synth_dir))[0]["train"]
 
 
 @pytest.fixture(scope="module")
-def sft_head(verifier, rows):
-    """An SFT head over a 48-token vocabulary, partly trained: it accepts some drafts and misses others."""
-    torch.manual_seed(0)
-    vocab = DraftVocab.from_rows(zip(rows["input_ids"], rows["loss_mask"]), 48, VOCAB)
-    head = Eagle3Head.for_verifier(verifier.model, vocab).train()
-    batch = batch_of(rows, verifier, head.taps, vocab)
-    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=6e-3)
-    for _ in range(30):
-        loss = ttt_loss(head, batch, 3)["loss"]
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return head.eval()
+def sft_head(trained_head):  # noqa: F811
+    """test_eagle3's SFT head (80 TTT steps, 64-token vocabulary): it accepts some drafts, misses others."""
+    return trained_head
 
 
 # --- the walk --------------------------------------------------------------------------------------------
@@ -235,19 +220,7 @@ def test_eagle3_opd_is_one_method_away_and_needs_an_sft_head(tmp_path):
     assert normalize_method(by_name) == ("eagle3", "eagle3_opd") and by_name.method.objective == "opd"
 
 
-def fit(cfg, verifier, out_dir, max_steps):
-    """task=train's path: the module of cfg.method.objective, fitted (resuming last.ckpt)."""
-    from specbench.tracking import NULL_TRACKER
-
-    cfg.train.max_steps = max_steps
-    module, datamodule = build_training("eagle3", cfg, verifier, VOCAB, [EOS_ID], PAD_ID)
-    trainer, metrics = build_trainer(cfg.train, out_dir, NULL_TRACKER, torch.device("cpu"))
-    resume = last_checkpoint(out_dir)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
-    return module, trainer, metrics
-
-
-def test_a_lightning_opd_run_from_an_sft_head_logs_its_rollout_and_compute(verifier, synth_dir, tmp_path):
+def test_a_lightning_opd_run_from_an_sft_head_logs_its_rollout_and_compute(verifier, synth_dir, tmp_path):  # noqa: F811
     sft_cfg = train_cfg(synth_dir, tmp_path, val_prompts=0)
     sft, _, sft_metrics = fit(sft_cfg, verifier, tmp_path / "sft", 2)
     assert {"train/verifier_tokens", "train/head_tokens", "train/wall_seconds"} <= set(sft_metrics.last)
