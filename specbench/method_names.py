@@ -55,12 +55,17 @@ class MethodEntry:
 
 # The trained methods and the parameters their trained parts read (they have no rule class to declare them).
 POOL = Param("pool", str, choices=POOLS, label="pool", quiet="linear")
+# How task=train trains an EAGLE-3 head or a DFlash drafter: sft on the target's trajectories, or on-policy
+# distillation (the aliases eagle3_opd / dflash_opd; docs/training.md#on-policy-distillation). Decoding
+# ignores both; the objective is recorded in the checkpoint.
+OBJECTIVE = Param("objective", str, choices=("sft", "opd"), quiet="sft")
+OPD_GAMMA = Param("opd_gamma", int, ge=1, nullable=True)  # drafts per rollout round (null: the drafter's γ)
 TRAINED_PARAMS: dict[str, tuple[Param, ...]] = {
     "sd2": (),
     "distill": (Param("drafter_checkpoint", str, label="drafter ckpt", nullable=True, is_path=True),),
     "diversed": (POOL, Param("head_checkpoint", str, label="head", nullable=True, is_path=True)),
-    "eagle3": (),
-    "dflash": (),
+    "eagle3": (OBJECTIVE, OPD_GAMMA),
+    "dflash": (OBJECTIVE, OPD_GAMMA),
 }
 
 

@@ -22,6 +22,8 @@ NEEDS_MORE = {
     ("method", "eagle3"): "model.drafter.params.path is null.*model/drafter=eagle3-smollm2",
     ("model/drafter", "eagle3"): "model.drafter.params.path",
     ("method", "dflash"): "model.drafter.params.path is null",
+    ("method", "eagle3_opd"): "model.drafter.params.path is null.*model/drafter=eagle3-smollm2",
+    ("method", "dflash_opd"): "model.drafter.params.path is null",
     ("model/drafter", "dflash"): "model.drafter.params.path is null",
 }
 
@@ -67,9 +69,11 @@ def test_expected_options_exist():
         "block",
         "cascade",
         "dflash",
+        "dflash_opd",  # aliases of dflash / eagle3 with method.objective=opd (on-policy distillation)
         "distill",
         "diversed",
         "eagle3",
+        "eagle3_opd",
         "fly",
         "lossy",
         "sd",

@@ -30,10 +30,10 @@ from specbench.training.batches import pad_batch, predict_positions, verifier_ba
 from specbench.training.dflash import (
     block_hidden,
     block_loss,
-    build_dflash_training,
     draft_config,
     sample_anchors,
 )
+from specbench.training.objectives import build_training
 from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
 
 VOCAB, LAYERS, WIDTH = 259, 6, 5
@@ -254,7 +254,7 @@ def fit(cfg, verifier, out_dir, max_steps):
     from specbench.tracking import NULL_TRACKER
 
     cfg.train.max_steps = max_steps
-    module, datamodule = build_dflash_training(cfg, verifier, VOCAB, [EOS_ID], PAD_ID)
+    module, datamodule = build_training("dflash", cfg, verifier, VOCAB, [EOS_ID], PAD_ID)  # task=train's path
     trainer, metrics = build_trainer(cfg.train, out_dir, NULL_TRACKER, torch.device("cpu"))
     resume = last_checkpoint(out_dir)
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)

@@ -53,6 +53,7 @@ from specbench.training.features import (
     cache_identity,
     open_feature_cache,
 )
+from specbench.training.objectives import build_training
 from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
 
 VOCAB = 259  # the byte tokenizer's size (the tiny LM heads have 320 rows)
@@ -642,7 +643,7 @@ def fit(cfg, verifier, out_dir, max_steps):
     from specbench.tracking import NULL_TRACKER
 
     cfg.train.max_steps = max_steps
-    module, datamodule = build_eagle3_training(cfg, verifier, VOCAB, [EOS_ID], PAD_ID)
+    module, datamodule = build_training("eagle3", cfg, verifier, VOCAB, [EOS_ID], PAD_ID)  # task=train's path
     trainer, metrics = build_trainer(cfg.train, out_dir, NULL_TRACKER, torch.device("cpu"))
     resume = last_checkpoint(out_dir)
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)

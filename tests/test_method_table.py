@@ -76,7 +76,7 @@ def test_a_parameter_shared_by_methods_is_declared_alike():
 def test_the_yamls_give_the_methods_and_their_aliases():
     assert METHOD_ALIASES == {
         "sd_en": "diversed", "sd_lossy": "lossy", "sd_static": "static_ensemble", "spe_cas": "cascade",
-        "static_en": "static_ensemble",
+        "static_en": "static_ensemble", "eagle3_opd": "eagle3", "dflash_opd": "dflash",
     }  # fmt: skip
     assert set(RULE_METHODS) == {"sd", "lossy", "static_ensemble", "cascade", "typical", "block", "fly"}
     assert METHOD_TABLE["lossy"].rule == "specbench.decoding.rules.LenientRule"

@@ -84,6 +84,10 @@ def normalize_method(cfg: DictConfig) -> tuple[str, str | None]:
         alias = None  # e.g. method=sd_en method.name=lossy: the name the user typed last wins
     defaults = method_defaults(canonical)
     reads = METHOD_PARAMS[canonical]
+    if alias is not None:  # what the alias's yaml sets (eagle3_opd: objective=opd), however it was named
+        for key, value in method_defaults(alias).items():
+            if key not in typed and key != "alias":
+                node[key] = value
     for key in list(node.keys()):
         if key in NOT_PARAMS:
             continue

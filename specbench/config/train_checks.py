@@ -85,6 +85,11 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
         _check_eagle3_training(cfg, train)
     if method == "dflash":
         _check_dflash_training(cfg, train)
+    if method in ("eagle3", "dflash") and cfg.method.get("objective") == "opd" and not train["init_head"]:
+        raise ConfigError(
+            f"method={method}_opd distils on-policy from an SFT-trained {method} drafter: set "
+            f"train.init_head=<the trained.pt of a task=train method={method} run>"
+        )
     if method in ("sd2", "distill", "eagle3", "dflash"):
         if not data:
             raise ConfigError(
@@ -153,20 +158,7 @@ def _check_eagle3_training(cfg: DictConfig, train: dict[str, Any]) -> None:
     if train["draft_vocab_size"] is not None and train["draft_vocab_size"] < 1:
         raise ConfigError(f"train.draft_vocab_size must be >= 1 or null, got {train['draft_vocab_size']}")
     _check_feature_keys(train)
-    if train["init_layer"] not in values.EAGLE3_INIT_LAYERS:
-        raise ConfigError(
-            f"train.init_layer must be one of {list(values.EAGLE3_INIT_LAYERS)}, got {train['init_layer']!r}"
-        )
-    if train["init_head"] is not None:
-        if train["init_layer"] != "random":
-            raise ConfigError(
-                "train.init_head and train.init_layer both set the head's starting weights; drop one"
-            )
-        if not Path(str(train["init_head"])).expanduser().is_file():
-            raise ConfigError(
-                f"train.init_head: {train['init_head']!r} is not a file; pass the trained.pt or last.ckpt "
-                "of an earlier task=train method=eagle3 run"
-            )
+    _check_start(train, "eagle3")
 
 
 def _check_dflash_training(cfg: DictConfig, train: dict[str, Any]) -> None:
@@ -195,19 +187,30 @@ def _check_dflash_training(cfg: DictConfig, train: dict[str, Any]) -> None:
         raise ConfigError(
             f"train.dflash_taps must be non-negative verifier layer ids or null, got {train['dflash_taps']}"
         )
-    if train["init_layer"] not in values.EAGLE3_INIT_LAYERS:
-        raise ConfigError(
-            f"train.init_layer must be one of {list(values.EAGLE3_INIT_LAYERS)}, got {train['init_layer']!r}"
-        )
-    if train["init_head"] is not None:
-        raise ConfigError(
-            "train.init_head continues an EAGLE-3 head; method=dflash resumes from last.ckpt instead"
-        )
+    _check_start(train, "dflash")
     if train["dflash_draft_vocab_size"] is not None and train["dflash_draft_vocab_size"] < 1:
         raise ConfigError(
             f"train.dflash_draft_vocab_size must be >= 1 or null, got {train['dflash_draft_vocab_size']}"
         )
     _check_feature_keys(train)
+
+
+def _check_start(train: dict[str, Any], method: str) -> None:
+    """train.init_layer / init_head: where an EAGLE-3 head or a DFlash drafter starts."""
+    if train["init_layer"] not in values.EAGLE3_INIT_LAYERS:
+        raise ConfigError(
+            f"train.init_layer must be one of {list(values.EAGLE3_INIT_LAYERS)}, got {train['init_layer']!r}"
+        )
+    if train["init_head"] is not None:
+        if train["init_layer"] != "random":
+            raise ConfigError(
+                "train.init_head and train.init_layer both set the head's starting weights; drop one"
+            )
+        if not Path(str(train["init_head"])).expanduser().is_file():
+            raise ConfigError(
+                f"train.init_head: {train['init_head']!r} is not a file; pass the trained.pt or last.ckpt "
+                f"of an earlier task=train method={method} run"
+            )
 
 
 def _check_feature_keys(train: dict[str, Any]) -> None:

@@ -118,12 +118,10 @@ class TrainTask(Task):
         eos = eos_token_ids(verifier.model, verifier.tokenizer)
         pad = pad_token_id(verifier.tokenizer, eos)
         if plan.method in ("eagle3", "dflash"):
-            from specbench.training.dflash import build_dflash_training
-            from specbench.training.eagle3 import build_eagle3_training
+            from specbench.training.objectives import build_training
 
-            build = build_eagle3_training if plan.method == "eagle3" else build_dflash_training
-            try:
-                return build(self.cfg, verifier, vocab, eos, pad)
+            try:  # SFT or on-policy distillation (method.objective)
+                return build_training(plan.method, self.cfg, verifier, vocab, eos, pad)
             except (FileNotFoundError, ValueError) as err:
                 if isinstance(err, ConfigError):
                     raise

@@ -31,7 +31,9 @@ from specbench.drafters.dflash.drafter import DFlashDrafter
 from specbench.drafters.dflash.model import ContextCache, DFlashDraftModel
 from specbench.models.draft_vocab import DraftVocab, draft_vocab_for, vocab_metadata
 from specbench.training.batches import predict_positions, verifier_batch
+from specbench.training.dflash_init import init_from_verifier, starting_weights
 from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
+from specbench.training.opd import objective_module, objective_settings
 from specbench.training.synth_data import SyntheticDataModule
 from specbench.training.trainer import VerifierTraining, train_option
 from specbench.training.validation import speculative_tau
@@ -100,11 +102,13 @@ def block_loss(
     width: int,
     gamma: float | None,
     vocab: DraftVocab,
+    reach: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """The weighted block cross-entropy of one batch (module docstring) and, per slot ``k = 1 .. W − 1``,
     the agreeing and scored counts (``correct`` / ``scored``, (W − 1,)), plus ``leading`` (the summed count
     of leading agreeing slots per kept block) and ``blocks`` (kept blocks). Over a reduced ``vocab`` the
-    logits are its LM-head rows; a label outside it is scored as a miss and left out of the loss."""
+    logits are its LM-head rows; a label outside it is scored as a miss and left out of the loss.
+    ``reach`` (B, N): score only slots ``k <= reach`` of each block (the drafts a rollout judged)."""
     ids, attention = batch["input_ids"], batch["attention_mask"].bool()
     loss_mask = batch["loss_mask"].bool()
     size, length = ids.shape
@@ -116,6 +120,8 @@ def block_loss(
     scored = keep[:, :, None] & inside
     scored = scored & attention.gather(1, targets.reshape(size, -1)).reshape(targets.shape)
     scored = scored & loss_mask.gather(1, targets.reshape(size, -1)).reshape(targets.shape)
+    if reach is not None:
+        scored = scored & (torch.arange(1, width, device=ids.device) <= reach[:, :, None])
     k = torch.arange(1, width, device=ids.device, dtype=torch.float32)
     decay = torch.exp(-(k - 1) / gamma) if gamma else torch.ones_like(k)
     weights = scored.float() * decay
@@ -160,6 +166,8 @@ class DFlashTraining(VerifierTraining):
     """Train a DFlash draft network against a frozen verifier (held by reference: never saved or trained;
     the draft reads the verifier's embedding and LM head)."""
 
+    objective = "sft"
+
     def __init__(
         self,
         verifier: torch.nn.Module,
@@ -194,6 +202,8 @@ class DFlashTraining(VerifierTraining):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self._loss(batch, self.step_generator())
         size = batch["input_ids"].shape[0]
+        slots = int(out["blocks"]) * self.width
+        self.count_compute(size, int(batch["attention_mask"].sum()), slots, slots)
         self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
         self.log(
             "train/acc", out["correct"].sum().float() / out["scored"].sum().clamp(min=1), batch_size=size
@@ -277,29 +287,16 @@ def draft_config(verifier: torch.nn.Module, train: Any) -> DFlashConfig:
     )
 
 
-@torch.no_grad()
-def init_from_verifier(draft: DFlashDraftModel, verifier: torch.nn.Module) -> None:
-    """``train.init_layer=verifier_last``: draft layer i starts as verifier layer ``L − n + i`` (attention,
-    MLP, norms; a verifier without q/k norms leaves them at 1) and the final norm as the verifier's."""
-    layers = verifier.base_model.layers
-    n = len(draft.layers)
-    for i, layer in enumerate(draft.layers):
-        source = layers[len(layers) - n + i].state_dict()
-        result = layer.load_state_dict(source, strict=False)
-        extra = [k for k in result.missing_keys if not k.endswith(("q_norm.weight", "k_norm.weight"))]
-        if extra or result.unexpected_keys:
-            raise ValueError(
-                f"train.init_layer=verifier_last: verifier layer {len(layers) - n + i} does not match a "
-                "DFlash layer "
-                f"(missing {extra[:3]}, unexpected {result.unexpected_keys[:3]}); use train.init_layer=random"
-            )
-    draft.norm.weight.copy_(verifier.base_model.norm.weight)
-
-
 def build_dflash_training(
-    cfg: Any, verifier: Any, vocab_size: int, eos_ids: Sequence[int], pad_id: int
+    cfg: Any,
+    verifier: Any,
+    vocab_size: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    module_class: type[DFlashTraining] | None = None,
 ) -> tuple[DFlashTraining, SyntheticDataModule]:
-    """The LightningModule and DataModule of ``task=train method=dflash`` (``verifier`` a LoadedModel)."""
+    """The LightningModule and DataModule of ``task=train method=dflash`` (``verifier`` a LoadedModel;
+    ``module_class`` the module of ``method.objective``, picked by ``objectives.build_training``)."""
     from specbench.data.synth_dataset import load_synthetic
     from specbench.drafters.eagle3.checkpoint import verifier_identity
     from specbench.models.pair import tokenizer_hash
@@ -323,6 +320,9 @@ def build_dflash_training(
         raise ValueError(f"train.init_layer must be random or verifier_last, got {init_layer!r}")
     if config.mask_token_id is None:  # a learned mask starts as the mean embedding row
         draft.mask_embedding.data.copy_(verifier.model.get_input_embeddings().weight.float().mean(dim=0))
+    init_head = train_option(train, "init_head", None)
+    starting_weights(draft, init_layer, init_head, verifier, vocab_size)
+    objective = objective_settings(cfg, init_head, config.block_size - 1, METHOD)
     draft.train()
     taps = tuple(i + 1 for i in config.target_layer_ids)
     cache_dir = train_option(train, "feature_cache", None)
@@ -350,12 +350,15 @@ def build_dflash_training(
         "dflash_anchors": int(train_option(train, "dflash_anchors", 32)),
         "dflash_loss_gamma": gamma,
         "init_layer": init_layer,
+        "init_head": str(init_head) if init_head else None,
+        **objective,
         "feature_cache": str(Path(cache_dir).expanduser()) if cache_dir else None,
         "data": str(train.data),
         "data_rows": {split: len(data[split]) for split in data},
     }
     count = min(int(train_option(train, "val_prompts", 0)), len(data["validation"]))
     val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(count))]
-    module = DFlashTraining(verifier.model, draft, train, vocab, metadata, val_prompts, eos_ids, pad_id)
+    args = (verifier.model, draft, train, vocab, metadata, val_prompts, eos_ids, pad_id)
+    module = objective_module(module_class or DFlashTraining, objective, args)
     datamodule = SyntheticDataModule(data, train.batch_size, pad_id, train.seed, train.num_workers, cache)
     return module, datamodule

@@ -33,6 +33,7 @@ from specbench.drafters.eagle3.head import Eagle3Head, compact, resolve_taps
 from specbench.models.draft_vocab import draft_vocab_for, vocab_metadata
 from specbench.training.batches import TargetSpec, dense_targets, verifier_batch
 from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
+from specbench.training.opd import objective_module, objective_settings
 from specbench.training.synth_data import SyntheticDataModule, collate_cached
 from specbench.training.trainer import VerifierTraining, train_option
 from specbench.training.validation import speculative_tau
@@ -152,6 +153,8 @@ class Eagle3DataModule(SyntheticDataModule):
 class Eagle3Training(VerifierTraining):
     """Train an EAGLE-3 head against a frozen verifier (not a submodule: never saved or trained)."""
 
+    objective = "sft"
+
     def __init__(
         self,
         verifier: torch.nn.Module,
@@ -182,13 +185,13 @@ class Eagle3Training(VerifierTraining):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         batch = self._with_features(batch)
-        chains = None
-        if self.chain_fraction < 1.0:  # seeded by step, so a resumed run samples the same chains
-            chains = ttt_chains(
-                batch["predict"].bool(), self.steps, self.chain_fraction, self.step_generator()
-            )
+        generator = self.step_generator() if self.chain_fraction < 1.0 else None  # resumed: same chains
+        steps = min(self.steps, batch["input_ids"].shape[1] - 1)
+        chains = ttt_chains(batch["predict"].bool(), steps, self.chain_fraction, generator)
         out = ttt_loss(self.head, batch, self.steps, self.decay, chains)
         size = batch["input_ids"].shape[0]
+        heads = int(chains[1].sum()) * (steps - 1) + int(batch["attention_mask"][:, 1:].sum())
+        self.count_compute(size, int(batch["attention_mask"].sum()), heads, heads)
         self.log("train/loss", out["loss"], prog_bar=True, batch_size=size)
         self.log("train/loss_step0", out["step_losses"][0], batch_size=size)
         self.log(
@@ -266,10 +269,16 @@ def warm_start(head: Eagle3Head, path: str | Path, verifier: Any, vocab_size: in
 
 
 def build_eagle3_training(
-    cfg: Any, verifier: Any, vocab_size: int, eos_ids: Sequence[int], pad_id: int
+    cfg: Any,
+    verifier: Any,
+    vocab_size: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    module_class: type[Eagle3Training] | None = None,
 ) -> tuple[Eagle3Training, Eagle3DataModule]:
     """The LightningModule and DataModule of ``task=train method=eagle3`` (``verifier`` a LoadedModel;
-    ``vocab_size`` the vocabulary p and q are compared over, ``shared_vocab_size``)."""
+    ``vocab_size`` the vocabulary p and q are compared over, ``shared_vocab_size``). ``module_class``: the
+    module of ``method.objective`` (:func:`specbench.training.objectives.build_training` picks it)."""
     from specbench.data.synth_dataset import load_synthetic
     from specbench.models.pair import tokenizer_hash
     from specbench.training.drafter import check_synthetic_source
@@ -314,10 +323,13 @@ def build_eagle3_training(
                 batch_size=int(train_option(train, "feature_batch_size", 8)),
             )
 
+    steps = int(train_option(train, "ttt_steps", TTT_STEPS))
+    objective = objective_settings(cfg, init_head, steps, METHOD)
     metadata = {
         **head_metadata(verifier, head, vocab_size),
+        **objective,
         "draft_vocab_coverage": round(coverage, 6),
-        "ttt_steps": int(train_option(train, "ttt_steps", TTT_STEPS)),
+        "ttt_steps": steps,
         "loss_decay": float(train_option(train, "loss_decay", LOSS_DECAY)),
         "ttt_chain_fraction": float(train_option(train, "ttt_chain_fraction", 1.0)),
         "init_layer": init_layer,
@@ -329,6 +341,7 @@ def build_eagle3_training(
     }
     count = min(int(train_option(train, "val_prompts", 0) or 0), len(data["validation"]))
     val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(count))]
-    module = Eagle3Training(verifier.model, head, train, targets, metadata, val_prompts, eos_ids, pad_id)
+    args = (verifier.model, head, train, targets, metadata, val_prompts, eos_ids, pad_id)
+    module = objective_module(module_class or Eagle3Training, objective, args)
     datamodule = Eagle3DataModule(data, train.batch_size, pad_id, train.seed, train.num_workers, cache)
     return module, datamodule

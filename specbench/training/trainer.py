@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +26,9 @@ from specbench.tracking import NullTracker
 
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
+# Cumulative training compute every objective logs as train/<key> (docs/training.md#training-compute).
+COMPUTE_KEYS = ("verifier_tokens", "head_tokens", "head_grad_tokens", "wall_seconds")
+COMPUTE_STATE = "specbench_compute"  # the counters in last.ckpt, so a resumed run continues them
 
 
 def train_option(node: Any, key: str, default: Any) -> Any:
@@ -114,6 +118,39 @@ class VerifierTraining(TrainedOnlyCheckpoint, L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.verifier.to(self.device)
+
+    def count_compute(
+        self, batch_size: int, verifier_tokens: int, head_tokens: int, head_grad_tokens: int
+    ) -> None:
+        """Add one training batch's compute to the cumulative ``train/verifier_tokens`` (tokens whose
+        verifier forward the batch consumed, live or from the feature cache), ``train/head_tokens`` (token
+        positions the drafter ran forward, with or without gradient) and ``train/head_grad_tokens`` (those
+        that also ran backward), and log them with ``train/wall_seconds`` (training-step time so far)."""
+        counts = self._compute_counts()
+        for key, value in zip(COMPUTE_KEYS, (verifier_tokens, head_tokens, head_grad_tokens)):
+            counts[key] += float(value)
+        for key in COMPUTE_KEYS:
+            self.log(f"train/{key}", counts[key], batch_size=batch_size)
+
+    def _compute_counts(self) -> dict[str, float]:
+        if not hasattr(self, "_compute"):
+            self._compute = dict.fromkeys(COMPUTE_KEYS, 0.0)
+        return self._compute
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._batch_started = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        started = getattr(self, "_batch_started", None)
+        if started is not None:
+            self._compute_counts()["wall_seconds"] += time.perf_counter() - started
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[COMPUTE_STATE] = dict(self._compute_counts())
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._compute_counts().update(checkpoint.get(COMPUTE_STATE) or {})
 
     def step_generator(self) -> torch.Generator:
         """A generator seeded by ``train.seed`` and the step: a resumed run draws what the first run would."""
