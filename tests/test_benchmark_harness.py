@@ -132,7 +132,10 @@ def test_cpu_kernels_benchmark_records_every_shape_and_attention_size(tmp_path, 
     assert cpu_kernels.main(["--repeats", "2", "--results-dir", str(tmp_path)]) == 0
     (_, record), = load_records(tmp_path)
     setups = [row["setup"] for row in record["rows"]]
-    assert len(setups) == len(cpu_kernels.SHAPES) * len(cpu_kernels.ROWS) + len(cpu_kernels.KEYS)
+    shapes = len(cpu_kernels.SHAPES) * len(cpu_kernels.ROWS)
+    assert len(setups) == shapes + len(cpu_kernels.QUERIES) * len(cpu_kernels.KEYS)
+    assert setups[-1] == f"attention {cpu_kernels.QUERIES[-1]} queries, {cpu_kernels.KEYS[-1]} keys"
     attention = {key: value["value"] for key, value in record["rows"][-1]["figures"].items()}
-    assert attention["rowwise_over_sdpa"] == attention["rowwise_ms"] / attention["sdpa_ms"]
+    assert attention["torch_rowwise_over_sdpa"] == attention["torch_rowwise_ms"] / attention["sdpa_ms"]
+    assert attention["kernel_over_sdpa"] == attention["kernel_ms"] / attention["sdpa_ms"]
     assert "LINEAR_PRODUCT on this CPU" in capsys.readouterr().out
