@@ -132,9 +132,12 @@ def test_cpu_kernels_benchmark_records_every_shape_and_attention_size(tmp_path, 
     assert cpu_kernels.main(["--repeats", "2", "--results-dir", str(tmp_path)]) == 0
     (_, record), = load_records(tmp_path)
     setups = [row["setup"] for row in record["rows"]]
-    assert len(setups) == len(cpu_kernels.SHAPES) * len(cpu_kernels.ROWS) + len(cpu_kernels.KEYS)
+    shapes = len(cpu_kernels.SHAPES) * len(cpu_kernels.ROWS)
+    assert len(setups) == shapes + len(cpu_kernels.QUERIES) * len(cpu_kernels.KEYS)
+    assert setups[-1] == f"attention {cpu_kernels.QUERIES[-1]} queries, {cpu_kernels.KEYS[-1]} keys"
     attention = {key: value["value"] for key, value in record["rows"][-1]["figures"].items()}
-    assert attention["rowwise_over_sdpa"] == attention["rowwise_ms"] / attention["sdpa_ms"]
+    assert attention["torch_rowwise_over_sdpa"] == attention["torch_rowwise_ms"] / attention["sdpa_ms"]
+    assert attention["kernel_over_sdpa"] == attention["kernel_ms"] / attention["sdpa_ms"]
     assert "LINEAR_PRODUCT on this CPU" in capsys.readouterr().out
 
 
@@ -160,3 +163,25 @@ def test_synth_throughput_benchmark_puts_batched_next_to_one_stream(tmp_path, ca
     ratio = batched["tokens_per_s"]["value"] / single["tokens_per_s"]["value"]
     assert batched["vs_single_stream"]["value"] == pytest.approx(ratio)
     assert "batch 3" in capsys.readouterr().out
+
+
+def test_step_profile_splits_a_step_into_its_parts_and_restores_the_model():
+    import step_profile
+    import torch
+
+    from specbench.models.tiny import tiny_random_model
+
+    model = tiny_random_model(num_layers=2)
+    model.config._attn_implementation = "sdpa"
+
+    def decode(ids: list[int]) -> int:
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=6, min_new_tokens=6,
+                             pad_token_id=0)  # fmt: skip
+        return out.shape[1] - len(ids)
+
+    with step_profile.named_ranges([model]):
+        parts = step_profile.breakdown(decode, [list(range(3, 40)), list(range(5, 30))])
+    assert all(value > 0 for key, value in parts.items() if key != "sampling")
+    assert parts["attention"] + parts["cache"] < parts["forward"] < parts["step"]
+    assert parts["forward"] + parts["sampling"] + parts["outside"] == pytest.approx(parts["step"])
+    assert "forward" not in vars(model.model) and "forward" not in vars(model.lm_head)

@@ -34,6 +34,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from specbench.models import exact_attention
+
 ROWWISE_ATTENTION = "sdpa_rowwise"
 MAX_ROWWISE_QUERIES = 32  # a verification block is γ + 1 rows; longer blocks are prefills
 MAX_TRANSPOSED_ROWS = 64  # rows of a linear layer's transposed product (beyond: prefills, large batches)
@@ -144,6 +146,8 @@ def row_invariant_sdpa(module, query, key, value, attention_mask, scaling=None, 
         allowed = attention_mask[:, :1, -queries:, -keys:]
         if allowed.dtype != torch.bool:
             allowed = allowed == 0
+    if exact_attention.kernel() is not None and exact_attention.supports(query, key, value):
+        return exact_attention.exact_attention(query, key, value, allowed, scale), None
     if batch == 1 or allowed is None:
         return _attend(query, key, value, allowed, scale).transpose(1, 2).contiguous(), None
     # Each row over its own keys from its first attended one: left padding (which moves as rows are
