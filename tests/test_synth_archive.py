@@ -16,30 +16,15 @@ from pathlib import Path
 
 import pytest
 from helpers import ROOT
+from test_synth_responses import DEMO, prompts, verifier  # noqa: F401  (the tiny verifier and demo prompts)
 
-from specbench.data.dataset_config import dataset_settings
-from specbench.data.datasets import load_dataset_prompts
 from specbench.data.synth_archive import archive_metadata_path, archive_path
 from specbench.data.synth_dataset import dataset_path, load_synthetic
 from specbench.data.synth_rows import SynthDataError, read_rows, rows_path
-from specbench.models import ModelSpec, load_verifier
 from specbench.pipelines.synth_plan import SynthSettings
 from specbench.pipelines.synthesize import synthesize
 
-DEMO = dataset_settings({"name": "demo"})
 SETTINGS = SynthSettings(target_len=88, max_prompt_len=80, batch_size=2, validation_fraction=0.2, seed=3)
-
-
-@pytest.fixture(scope="module")
-def verifier():
-    return load_verifier(
-        ModelSpec(kind="tiny_random", name="tiny-random-llama", num_layers=2), "cpu", "float32"
-    )
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return load_dataset_prompts(DEMO)
 
 
 def shard(settings: SynthSettings, shard_id: int) -> SynthSettings:
@@ -53,7 +38,7 @@ def sorted_rows(data) -> list[dict]:
     return sorted(rows, key=lambda r: (r["source_index"], r["response_index"]))
 
 
-def test_a_finished_shard_is_archived_and_read_back_without_its_dataset(verifier, prompts, tmp_path):
+def test_a_finished_shard_is_archived_and_read_back_without_its_dataset(verifier, prompts, tmp_path):  # noqa: F811
     plain, packed = tmp_path / "plain", tmp_path / "packed"
     for shard_id in (0, 1):
         synthesize(verifier, prompts, shard(SETTINGS, shard_id), plain, dataset=DEMO, progress=False)
@@ -81,7 +66,7 @@ def test_a_finished_shard_is_archived_and_read_back_without_its_dataset(verifier
     assert again.metadata["throughput"]["new_generated_tokens"] == 0
 
 
-def test_a_corrupt_archive_names_file_and_line_and_the_other_shard_stays_usable(verifier, prompts, tmp_path):
+def test_a_corrupt_archive_names_file_and_line_and_the_other_shard_stays_usable(verifier, prompts, tmp_path):  # noqa: F811
     for shard_id in (0, 1):
         synthesize(
             verifier,
