@@ -185,3 +185,19 @@ def test_step_profile_splits_a_step_into_its_parts_and_restores_the_model():
     assert parts["attention"] + parts["cache"] < parts["forward"] < parts["step"]
     assert parts["forward"] + parts["sampling"] + parts["outside"] == pytest.approx(parts["step"])
     assert "forward" not in vars(model.model) and "forward" not in vars(model.lm_head)
+
+
+def test_kv_cache_benchmark_puts_both_caches_side_by_side(tmp_path, capsys):
+    import kv_cache
+
+    from specbench.results.record import load_records
+
+    argv = ["--dtypes", "float32", "--shapes", "2x20", "--steps", "3", "--rounds", "1"]
+    assert kv_cache.main([*argv, "--results-dir", str(tmp_path)]) == 0
+    ((_, record),) = load_records(tmp_path)
+    (row,) = record["rows"]
+    figures = row["figures"]
+    ratio = figures["dynamic_step_ms"]["value"] / figures["buffered_step_ms"]["value"]
+    assert figures["dynamic_over_buffered"]["value"] == pytest.approx(ratio)
+    assert row["identical_outputs"] is True  # the same greedy tokens from either cache
+    assert "float32" in capsys.readouterr().out

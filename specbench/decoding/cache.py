@@ -1,8 +1,9 @@
 """The one place that touches a model's KV cache (methods.md §3.3).
 
 ``CachedModel`` runs a causal LM over a batch whose rows have different lengths. It keeps, next to
-the transformers ``DynamicCache``, a boolean ``valid`` mask over cache slots: left padding and
-rejected drafts are invalid slots, masked out of attention and skipped by the per-row position ids.
+the transformers ``DynamicCache`` (whose layers append in place: :mod:`specbench.decoding.kv_buffer`), a
+boolean ``valid`` mask over cache slots: left padding and rejected drafts are invalid slots, masked out of
+attention and skipped by the per-row position ids.
 After a round ``keep(counts)`` invalidates everything past each row's committed length, crops the
 columns no row uses and, when rows have holes, re-aligns them to the right so that no rejected token
 stays in the attended context or wastes attention compute.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specbench.decoding.kv_buffer import buffered_cache
 from specbench.decoding.tree import tree_structure
 from specbench.models.row_invariant import ROWWISE_ATTENTION
 from specbench.models.taps import record_states
@@ -57,7 +59,7 @@ class CachedModel:
         self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
 
     def reset(self, batch_size: int) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = buffered_cache(self.model.config)
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)
 
     @property
