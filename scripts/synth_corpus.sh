@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 THREADS=${THREADS:-1}
 OUT=data/corpus/smollm2-greedy
-common=(task=synth synth.temperature=0.0 synth.max_new_tokens=256 synth.target_len=1280
+common=(task=synth synth.max_new_tokens=256 synth.target_len=1280
         synth.max_prompt_len=1024 synth.batch_size=32 synth.compress=true runtime.dtype=float32
         "runtime.num_threads=$THREADS" tracking=none)
 piece() {
@@ -17,5 +17,11 @@ piece() {
   HF_HUB_OFFLINE=1 "$PY" launch.py "${common[@]}" "$@" "synth.output_dir=$OUT/$name" \
     "hydra.run.dir=runs/synth-logs/$name-$(date +%Y%m%d-%H%M%S)"
 }
-piece spec_bench-train dataset=spec_bench dataset.subset=train
-piece humaneval dataset=humaneval
+greedy=(synth.temperature=0.0)
+piece spec_bench-train dataset=spec_bench dataset.subset=train "${greedy[@]}"
+piece humaneval dataset=humaneval "${greedy[@]}"
+# Real prompts fall short of the token budget: two more answers per training-part question, sampled at T 0.7.
+piece spec_bench-train-t07 dataset=spec_bench dataset.subset=train synth.temperature=0.7 synth.top_p=0.95 \
+  synth.responses_per_prompt=2 synth.seed=1
+# chatterbot-corpus's 749 distinct English opening lines (dataset=chatterbot, in the corpus manifest), greedy.
+piece chatterbot dataset=chatterbot "${greedy[@]}"

