@@ -4,7 +4,6 @@ Hydra)."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specbench.decoding.cost import CostProfile
 from specbench.decoding.cost_aware import CostAwareSchedule
+from specbench.decoding.cost_cache import MEASURE, machine_profile
 from specbench.decoding.engine import GenerationSettings, RoundRecord, SampleResult, SpeculativeEngine
 from specbench.decoding.metrics import summarize
 from specbench.decoding.model_drafter import ModelDrafter
@@ -25,6 +25,7 @@ from specbench.drafters.steering import SteeredDrafter
 from specbench.models.loading import LoadedModel, pair_vocab_size
 
 WARMUP_TOKENS = 4
+PROFILE_CONTEXT = 256  # cached tokens before the timed verifier forwards of a cost profile
 
 # Called after each batch with (indices of its prompts, method results, baseline results or None).
 BatchCallback = Callable[[list[int], list[SampleResult], "list[SampleResult] | None"], None]
@@ -83,7 +84,7 @@ def build_engines(
     settings: GenerationSettings,
     baseline: bool = True,
     steering: SteeredDrafter | None = None,
-    profile: CostProfile | None = None,
+    profile: CostProfile | str | None = None,
 ) -> tuple[SpeculativeEngine, SpeculativeEngine | None]:
     """The method's engine and, if ``baseline`` and there is a drafter, an autoregressive engine of the
     verifier.
@@ -92,7 +93,8 @@ def build_engines(
     ``steering`` is given), any :class:`Drafter`, or None. Both engines use the shared vocabulary (checked
     by :func:`shared_vocab_size`), the same EOS / pad ids and settings. Without a drafter the method is
     itself autoregressive decoding and no baseline engine is built. ``schedule.name == "cost_aware"``
-    becomes a :class:`CostAwareSchedule` priced by ``profile`` (None: measured now, :func:`measure_profile`).
+    becomes a :class:`CostAwareSchedule` priced by ``profile`` (None: this machine's cached profile, measured
+    on first use; ``"measure"``: measured now and cached; :mod:`specbench.decoding.cost_cache`).
     """
     tokenizer = verifier.tokenizer
     vocab = pair_vocab_size(verifier, drafter)
@@ -115,11 +117,9 @@ def build_engines(
         "eos_token_ids": eos,
         "pad_token_id": pad_token_id(tokenizer, eos),
     }
-    if schedule.name == "cost_aware" and drafter_impl is not None:
-        if profile is None:
-            print("measuring the cost profile for schedule=cost_aware (schedule.profile=null) ...",
-                  file=sys.stderr)
-            profile = measure_profile(verifier, drafter_impl, vocab, schedule.max_gamma + 1)
+    if schedule.name == "cost_aware" and drafter_impl is not None and not isinstance(profile, CostProfile):
+        n, refresh = schedule.max_gamma + 1, profile == MEASURE
+        profile = machine_profile(measure_profile, verifier, drafter_impl, vocab, n, PROFILE_CONTEXT, refresh)
         common["schedule"] = CostAwareSchedule(profile, schedule.max_gamma, schedule.learn_costs)
     engine = SpeculativeEngine(verifier.model, drafter_impl, rule, **common)
     reference = SpeculativeEngine(verifier.model, None, None, **common) if baseline and drafter_impl else None
@@ -131,7 +131,7 @@ def measure_profile(
     drafter: Drafter | None,
     vocab_size: int,
     max_n: int,
-    context_len: int = 256,
+    context_len: int = PROFILE_CONTEXT,
     repeats: int = 7,
     prompts: Sequence[list[int]] | None = None,
 ) -> CostProfile:

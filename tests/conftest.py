@@ -32,6 +32,19 @@ def _single_torch_thread():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _cost_profile_cache_for_tests(tmp_path_factory):
+    """Cost profiles that tests measure (schedule=cost_aware, profile: null) are cached in a throwaway
+    dir, never in the developer's ~/.cache, where a test's tiny-model profile would be read back by nobody."""
+    previous = os.environ.get("SPECBENCH_COST_CACHE")
+    os.environ["SPECBENCH_COST_CACHE"] = str(tmp_path_factory.mktemp("cost-profiles"))
+    yield
+    if previous is None:
+        os.environ.pop("SPECBENCH_COST_CACHE", None)
+    else:
+        os.environ["SPECBENCH_COST_CACHE"] = previous
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _mlflow_store_for_tests(tmp_path_factory):
     """MLflow runs made by tests (launch.py subprocesses too) go to a throwaway SQLite file, never to
     the project's mlruns/ or a server named by the developer's MLFLOW_TRACKING_URI."""

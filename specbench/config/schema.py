@@ -102,7 +102,7 @@ class ScheduleConfig:
     gamma: int = SCHEDULE_DEFAULTS["gamma"]
     max_gamma: int = SCHEDULE_DEFAULTS["max_gamma"]
     confidence_threshold: float = SCHEDULE_DEFAULTS["confidence_threshold"]
-    profile: str | None = None  # cost_aware: a task=profile file (null: measured when the run starts)
+    profile: str | None = None  # cost_aware: a task=profile file; null: the cached one; measure: measure now
     learn_costs: bool = SCHEDULE_DEFAULTS["learn_costs"]  # cost_aware: re-estimate them from the run's rounds
     params: dict[str, Any] = field(default_factory=dict)  # a schedule from outside: its constructor arguments
 
@@ -214,6 +214,10 @@ class TrainConfig:
     val_batches: int = 4  # validation batches for loss / TVD (0: all)
     val_prompts: int = 4  # validation prompts decoded with speculative decoding for tau (0: skip)
     checkpoint_every_steps: int = 100  # last.ckpt every this many steps (requeue / resume)
+    # trained.pt = the validation step with the best value of this val/ metric (e.g. val/tau_estimate); the
+    # last step's weights go to final.pt. null: trained.pt is the last step. select_mode: max | min.
+    select_by: str | None = None
+    select_mode: str = "max"
     resume: bool = True  # continue from <output_dir>/checkpoints/last.ckpt when it exists
     devices: Any = 1  # Lightning devices ("auto", an int, or a list of GPU ids)
     strategy: str = "auto"  # Lightning strategy: auto | ddp | ...

@@ -336,10 +336,15 @@ def dtype_reason(plan: RunPlan) -> str:
 
 
 def _cost_profile(schedule):
-    """The measured cost profile ``schedule=cost_aware`` reads (None: measured when the run starts)."""
+    """The measured cost profile ``schedule=cost_aware`` reads: a file, or None (this machine's cached one) or
+    ``"measure"`` (measured now, refreshing the cache), which build_engines resolves once the models load."""
     if schedule.name != "cost_aware" or not schedule.get("profile"):
         return None
     from specbench.decoding.cost import CostProfile
+    from specbench.decoding.cost_cache import MEASURE
+
+    if schedule.profile == MEASURE:
+        return MEASURE
 
     try:
         return CostProfile.load(schedule.profile)
