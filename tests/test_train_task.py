@@ -145,6 +145,40 @@ def test_a_killed_training_job_rerun_resumes_from_last_ckpt(synth_dir, tmp_path,
     assert train_runs[0].data.tags["specbench.resumed_from"] == str(last)
 
 
+def test_select_by_ships_the_best_validation_step_and_keeps_it_across_a_resume(synth_dir, tmp_path,
+                                                                               mlflow_uri):  # fmt: skip
+    import torch
+
+    out = tmp_path / "run"
+    args = ["task=train", *TINY, "method=distill", "steering=none", "train.batch_size=2",
+            "train.lr_start=3e-3", "train.warmup_steps=1", "train.val_every_steps=1",
+            "train.checkpoint_every_steps=1", "train.val_prompts=0", "train.select_by=val/loss",
+            "train.select_mode=max", f"train.data={synth_dir}", f"train.output_dir={out}",
+            f"hydra.run.dir={out / 'hydra'}"]  # fmt: skip
+    # max of a falling loss: the best step is an early one, so the resumed run must remember it
+    for steps in (4, 7):  # the second run resumes the first's last.ckpt
+        proc = launch([*args, f"train.max_steps={steps}"], timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    client, train_runs = runs(mlflow_uri, "specbench-train")
+    history = {m.step: m.value for run in train_runs
+               for m in client.get_metric_history(run.info.run_id, "val/loss")}  # fmt: skip
+    assert len(history) == 7  # one validation per step, both runs
+    trained = torch.load(out / "trained.pt", weights_only=True)
+    chosen = trained["specbench"]["selected_by"]
+    assert chosen["metric"] == "val/loss" and chosen["value"] == pytest.approx(max(history.values()))
+    best_step = trained["specbench"]["global_step"]
+    assert history[best_step - 1] == pytest.approx(chosen["value"])  # Lightning logs step k's val at k - 1
+    summary = json.loads((out / "train_metrics.json").read_text())
+    assert summary["selected_step"] == best_step and summary["global_step"] == 7
+    final = torch.load(out / "final.pt", weights_only=True)
+    assert final["specbench"]["global_step"] == 7 and "selected_by" not in final["specbench"]
+    assert best_step <= 4 and max(history, key=history.get) < 4  # chosen in the first run, kept by the second
+    assert any(not torch.equal(final["state_dict"][k], v) for k, v in trained["state_dict"].items())
+    proc = launch([*args, "train.max_steps=8", "train.select_by=val/nope"], timeout=300)
+    assert proc.returncode != 0 and "train.select_by=val/nope: validation did not log it" in proc.stderr
+    assert "val/loss" in proc.stderr and (out / "checkpoints" / "last.ckpt").is_file()
+
+
 def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
     out = tmp_path / "ddp"
     proc = launch(
@@ -223,6 +257,15 @@ def test_ddp_on_two_cpu_processes(synth_dir, tmp_path):
                 "train.init_layer=verifier_last",
             ],
             "train.init_head and train.init_layer both set",
+        ),
+        (
+            ["method=distill", "steering=none", "train.data=.", "train.select_by=loss"],
+            "train.select_by must name a validation metric (val/..., e.g. val/tau_estimate), got 'loss'",
+        ),
+        (
+            ["method=distill", "steering=none", "train.data=.", "train.select_by=val/tau",
+             "train.select_mode=up"],
+            "train.select_mode must be max or min, got 'up'",
         ),
     ],
 )

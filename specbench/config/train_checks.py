@@ -43,6 +43,13 @@ def _check_train_values(train: dict[str, Any]) -> None:
                          ("regularizer", values.DIVERSED_REGULARIZERS), ("reward", values.TRAIN_REWARDS)):
         if train[key] not in allowed:
             raise ConfigError(f"train.{key}: unknown {train[key]!r}; allowed: {list(allowed)}")
+    if train["select_by"] is not None and not str(train["select_by"]).startswith("val/"):
+        raise ConfigError(
+            f"train.select_by must name a validation metric (val/..., e.g. val/tau_estimate), got "
+            f"{train['select_by']!r}"
+        )
+    if train["select_mode"] not in ("max", "min"):
+        raise ConfigError(f"train.select_mode must be max or min, got {train['select_mode']!r}")
     if not 0.0 <= train["baseline_ema"] < 1.0:
         raise ConfigError(f"train.baseline_ema must be in [0, 1), got {train['baseline_ema']}")
     if not 0.0 <= train["target_weight"] <= 1.0:

@@ -57,6 +57,10 @@ class TrainTask(Task):
         method = self.plan.method if self.plan else self.cfg.method.name
         return f"train {method}"
 
+    def tracked_metrics(self, result: dict) -> dict:
+        """Its numbers, and the headline ``tau`` (specbench/tracking/headline.py) when validation decoded."""
+        return {**result, "tau": result["final_val_tau"]} if "final_val_tau" in result else result
+
     def run(self) -> dict:
         import lightning as L
         import torch
@@ -64,6 +68,7 @@ class TrainTask(Task):
         from specbench.models.loading import load_verifier, pair_vocab_size
         from specbench.models.pair import PairMismatchError, shared_vocab_size
         from specbench.pairs import load_drafter
+        from specbench.training.snapshots import FINAL_FILE, BestSnapshot
         from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
 
         if self.plan is None:  # called directly (not through run_task)
@@ -86,9 +91,12 @@ class TrainTask(Task):
             except PairMismatchError as err:
                 raise ConfigError(f"model.drafter does not fit model.verifier: {err}") from err
         module, data = self._build(plan, verifier, drafter, vocab)
+        select = cfg.train.select_by
+        snapshot = BestSnapshot(select, cfg.train.select_mode, out) if select else None
         trainer, metrics = build_trainer(
-            cfg.train, out, self.tracker, plan.device, automatic_optimization=module.automatic_optimization
-        )
+            cfg.train, out, self.tracker, plan.device, callbacks=[snapshot] if snapshot else (),
+            automatic_optimization=module.automatic_optimization,
+        )  # fmt: skip
         resume = last_checkpoint(out) if cfg.train.resume else None
         if resume is not None:
             print(f"resuming from {resume}")
@@ -104,7 +112,10 @@ class TrainTask(Task):
         if not trainer.is_global_zero:  # ddp: rank 0 writes the outputs
             return summary
         metadata = {**module.metadata(), "global_step": trainer.global_step}
-        trained = export_trained(module, metadata, out / TRAINED_FILE)
+        trained = export_trained(module, metadata, out / (FINAL_FILE if snapshot else TRAINED_FILE))
+        if snapshot is not None:
+            trained = _selected(snapshot, trained, out / TRAINED_FILE)
+            summary.update(snapshot.summary())
         (out / SUMMARY_FILE).write_text(json.dumps({**summary, "checkpoint": str(trained)}, indent=2) + "\n")
         self.tracker.set_tags({"specbench.checkpoint": str(trained.resolve())})
         self.tracker.log_artifact(out / SUMMARY_FILE)
@@ -180,3 +191,21 @@ def eval_command(cfg, method: str, checkpoint: Path) -> str:
 
 def _trainable(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def _selected(snapshot, final: Path, trained: Path) -> Path:
+    """``trained.pt``: the best validation step's snapshot, or the last step's weights when no validation
+    ran (a run shorter than ``train.val_every_steps``)."""
+    import shutil
+
+    source = snapshot.path if snapshot.best_step is not None and snapshot.path.exists() else final
+    partial = trained.with_name(trained.name + ".partial")
+    shutil.copyfile(source, partial)
+    partial.replace(trained)
+    said = f"train.select_by={snapshot.metric}: {trained.name} is"
+    if source == final:
+        print(f"{said} the last step's weights (no validation ran)")
+    else:
+        print(f"{said} step {snapshot.best_step} ({snapshot.metric} = {snapshot.best:.4g}); the last step's "
+              f"weights are in {final.name}")  # fmt: skip
+    return trained
