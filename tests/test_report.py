@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from helpers import compose_config, launch
 
 import specbench.config  # noqa: F401  (registers the schemas)
+from specbench import reporting
 from specbench.config import ConfigError
 from specbench.reporting import (
     RunRecord,
@@ -446,3 +448,11 @@ def test_plots_whose_x_axis_has_one_value_are_skipped(tmp_path):
     assert "vs gamma: skipped, every run with a drafter has gamma=3 (one x value)" in notes
     assert "quality vs acceptance: skipped, every run has acceptance 0.2 (one x value)" in notes
     assert "per-position acceptance: skipped, every run has only draft position 1 (one x value)" in notes
+
+
+def test_a_missing_tracking_database_is_named_not_created(tmp_path):
+    missing = tmp_path / "nowhere" / "mlflow.db"
+    named = re.escape(f"tracking.uri: no MLflow database at '{missing}' (tracking URI 'sqlite:///{missing}')")
+    with pytest.raises(reporting.NoRunsError, match=named):
+        search_mlflow_runs(tracking_uri=f"sqlite:///{missing}")
+    assert not missing.exists()

@@ -85,6 +85,49 @@ def test_basic_multirun_nests_every_job_under_one_parent(mlflow_uri, tmp_path):
     assert children[3].info.run_name == "static_ensemble schedule.gamma=2 method.draft_weight=0.3"
     assert "schedule.gamma=2" in json.loads(children[3].data.tags["specbench.overrides"])
     assert all(c.data.params["method.name"] == "static_ensemble" for c in children)
+    check_parent_carries_the_sweep(parent, children, sweep_dir)
+
+
+def check_parent_carries_the_sweep(parent, children, sweep_dir: Path):
+    """The parent holds the grid, the shared settings, the best child per headline metric, a table of every
+    job and the task=report files; each child is tagged with its own value of each swept key."""
+    from mlflow.tracking import MlflowClient
+
+    from specbench.tracking.headline import HEADLINE_METRICS
+
+    params = parent.data.params
+    assert params["schedule.gamma"] == "1,2" and params["method.draft_weight"] == "0.1,0.3"
+    assert params["sweep.axes"] == "schedule.gamma, method.draft_weight"
+    assert params["verifier"] == children[0].data.tags["specbench.verifier"] == "tiny-random-llama"
+    assert params["dataset"] == "demo" and params["dtype"] == children[0].data.tags["specbench.dtype"]
+    for child in children:
+        assert child.data.tags["sweep.schedule.gamma"] == child.data.params["schedule.gamma"]
+        assert child.data.tags["sweep.method.draft_weight"] == child.data.params["method.draft_weight"]
+    measured = [name for name in HEADLINE_METRICS if name in children[0].data.metrics]
+    assert measured == ["tau", "tokens_per_s"]  # no baseline ran: no speedup, no match with greedy
+    assert not {"speedup", "baseline_match_rate"} & parent.data.metrics.keys()
+    for name in measured:
+        best = max(children, key=lambda c: c.data.metrics[name])
+        assert parent.data.metrics[name] == best.data.metrics[name]
+        job = int(parent.data.metrics[f"best_job/{name}"])
+        assert children[job].data.metrics[name] == best.data.metrics[name]
+        assert parent.data.tags[f"specbench.best.{name}"] == f"job {job}: {children[job].info.run_name}"
+    assert parent.data.tags["specbench.unfinished_jobs"] == "none"
+    description = parent.data.tags["mlflow.note.content"]
+    assert "4 of 4 jobs finished" in description
+    for child in children:
+        link = f"#/experiments/{child.info.experiment_id}/runs/{child.info.run_id}"
+        assert f"[{child.info.run_name}]({link}" in description
+    record = json.loads((sweep_dir / PARENT_FILE).read_text())
+    client = MlflowClient(tracking_uri=record["tracking_uri"])
+    logged = {Path(a.path).name for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report.md", "report.csv", "acceptance_speedup_vs_gamma.png"} <= logged
+    assert (sweep_dir / "report" / "report.md").read_text().count("| static_ensemble |") == 4
+    experiment = client.get_experiment(record["experiment_id"])
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(experiment.tags[f"mlflow.sharedViewState.specbench-sweep-{parent.info.run_id}"])
+    assert view["selectedColumns"][:2] == ["metrics.`tau`", "metrics.`tokens_per_s`"]
+    assert "params.`schedule.gamma`" in view["selectedColumns"]
 
 
 def test_submitit_local_multirun_nests_jobs_from_other_processes(mlflow_uri, tmp_path):
@@ -133,6 +176,73 @@ def test_a_failed_job_fails_the_parent(mlflow_uri, tmp_path):
     parent, children = sweep_runs(sweep_dir)
     assert parent.info.status == "FAILED"
     assert [c.info.status for c in children] == ["FAILED", "FINISHED"]  # job 1 still ran
+    # What finished is still compared, and the parent names the job that did not.
+    assert parent.data.tags["specbench.unfinished_jobs"] == "job 0 (model.verifier.kind=local): FAILED"
+    assert parent.data.metrics["tau"] == children[1].data.metrics["tau"]
+    assert parent.data.metrics["best_job/tau"] == 1
+    assert "1 of 2 jobs finished; did not finish: job 0" in parent.data.tags["mlflow.note.content"]
+    report = (sweep_dir / "report" / "report.md").read_text()
+    assert "1 runs from" in report
+    assert "jobs without metrics.json (failed or still running), left out: 0" in report
+
+
+def test_a_sweep_without_tracking_still_writes_its_report(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = launch(
+        ["-m", *SMALL, "tracking=none", "schedule.gamma=1,2", f"hydra.sweep.dir={sweep_dir}"],
+        cache_dir=tmp_path / "cache",
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (sweep_dir / PARENT_FILE).exists()
+    report = (sweep_dir / "report" / "report.md").read_text()
+    assert "2 runs from" in report and "nothing of this sweep went to MLflow" in report
+    assert "(nothing went to MLflow)" in proc.stderr
+    assert "Compare the sweep in the MLflow UI" not in proc.stderr
+
+
+def test_a_cancelled_sweep_logs_what_finished_and_names_the_rest(mlflow_uri, tmp_path):
+    """SIGTERM to the submitter after its first job: the parent ends KILLED, compares the finished job,
+    lists the jobs that never ran, and carries the report of what finished."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+
+    sweep_dir = tmp_path / "sweep"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_TRACKING_URI": mlflow_uri}
+    env.pop("HYDRA_FULL_ERROR", None)
+    args = [*TINY, "gen.max_new_tokens=64", "eval.baseline=false", "runtime.num_threads=1"]
+    args.append("gen.seed=0,1,2,3,4,5")
+    submitter = subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), "-m", *args, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        def job_finished() -> bool:
+            if not (sweep_dir / "0" / "metrics.json").exists():
+                return False
+            return any(c.info.status == "FINISHED" for c in sweep_runs(sweep_dir)[1])
+
+        while not job_finished() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert job_finished(), "job 0 never finished"
+    finally:
+        submitter.send_signal(signal.SIGTERM)
+        _, err = submitter.communicate(timeout=120)
+    parent, children = sweep_runs(sweep_dir)
+    assert parent.info.status == "KILLED", err[-2000:]
+    finished = [c for c in children if c.info.status == "FINISHED"]
+    assert finished and parent.data.metrics["tau"] == max(c.data.metrics["tau"] for c in finished)
+    unfinished = parent.data.tags["specbench.unfinished_jobs"]
+    assert "job 5 (gen.seed=5): not started" in unfinished
+    assert f"{len(finished)} of 6 jobs finished" in parent.data.tags["mlflow.note.content"]
+    report = (sweep_dir / "report" / "report.md").read_text()
+    assert f"{len(finished)} runs from" in report and "jobs that never started" in report
 
 
 # --- data-parallel shards -------------------------------------------------------------------------

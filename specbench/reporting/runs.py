@@ -205,6 +205,12 @@ def search_mlflow_runs(
     uri = resolve_tracking_uri(tracking_uri)
     key = store.uri_source(tracking_uri)
     store.check_uri(uri, key)
+    database = store.sqlite_path(uri)
+    if database is not None and not database.is_file():
+        raise NoRunsError(
+            f"{key}: no MLflow database at {str(database)!r} (tracking URI {uri!r}); run something with "
+            "tracking on first, or pass tracking.uri=sqlite:///PATH.db of an existing store"
+        )
     client = store.client(uri, key)
     found_experiment = client.get_experiment_by_name(experiment)
     if found_experiment is None:
@@ -228,8 +234,8 @@ def search_mlflow_runs(
         if run.info.status == "FAILED":
             failed.append(name)
             continue
-        if not run.data.metrics:
-            without_metrics.append(name)
+        if not run.data.metrics or run.data.tags.get("specbench.role") == "sweep":
+            without_metrics.append(name)  # a sweep parent's metrics are its best child's: no row of its own
             continue
         runs.append(
             RunRecord(
@@ -247,7 +253,7 @@ def search_mlflow_runs(
     if failed:
         notes.append(f"failed runs left out: {', '.join(failed)}")
     if without_metrics:
-        notes.append(f"runs without metrics left out (e.g. sweep parents): {', '.join(without_metrics)}")
+        notes.append(f"sweep parents and runs without metrics left out: {', '.join(without_metrics)}")
     if len(found) >= max_runs:
         notes.append(f"stopped at task.max_runs={max_runs} runs; raise it to see more")
     if not runs:

@@ -5,9 +5,12 @@ process that launches the sweep (before any job, with any launcher): it creates 
 writes ``<sweep dir>/mlflow_parent.json`` (tracking URI, experiment id, run id). Each job, in this
 process (basic launcher) or in another one (``submitit_local``, ``submitit_slurm`` on any node that
 sees the sweep dir), reads that file in :func:`specbench.tracking.run.task_run` and tags its run
-``mlflow.parentRunId``. ``on_multirun_end`` ends the parent FINISHED, or FAILED when a child failed.
-Hydra skips ``on_multirun_end`` when a job raised (the sweeper re-raises the job's error), so an
-``atexit`` hook ends a parent left open FAILED.
+``mlflow.parentRunId``. The parent carries the sweep (:mod:`specbench.tracking.sweep_summary`): the swept
+axes as params from the start; when the sweep stops, the settings its jobs share, the best child on each
+headline metric, the jobs that did not finish and a table of every job. ``on_multirun_end`` ends the parent
+FINISHED, or FAILED when a child failed. Hydra skips ``on_multirun_end`` when a job raised (the sweeper
+re-raises the job's error), so an ``atexit`` hook summarizes and ends a parent left open FAILED (KILLED on a
+signal).
 
 The instance is pickled into submitit jobs with Hydra's context: it only holds plain values.
 """
@@ -27,7 +30,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import ConfigError
-from specbench.tracking import signals, store
+from specbench.tracking import signals, store, ui_view
 from specbench.tracking.naming import (
     PARENT_FILE,
     PARENT_TAG,
@@ -39,6 +42,8 @@ from specbench.tracking.naming import (
     task_kind,
     write_run_file,
 )
+from specbench.tracking.run import Tracker
+from specbench.tracking.sweep_summary import AXES_PARAM, expected_jobs, summarize_sweep, sweep_axes
 
 UNFINISHED = ("FAILED", "KILLED", "RUNNING", "SCHEDULED")
 SUBMITTER_HOST = "specbench.submitter_host"
@@ -147,23 +152,32 @@ class MlflowSweepCallback(Callback):
         for key, value in tags.items():
             store.retry(client.set_tag, run_id, key, value[:8000])
         write_run_file(record_path, uri, experiment_id, run_id, swept_keys=varying)
-        self.parent = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run_id}
+        axes = sweep_axes(overrides, in_config)
+        self._log_axes(client, uri, experiment_id, run_id, axes)
+        sweeper = OmegaConf.select(config, "hydra.sweeper._target_", default="") or ""
+        self.parent = {"tracking_uri": uri, "experiment_id": experiment_id, "run_id": run_id, "axes": axes}
+        self.parent["jobs"] = expected_jobs(overrides, in_config, sweeper)
         if not self._registered:
             atexit.register(self._end_if_open)
             self._registered = True
         print(f"MLflow parent run {run_id} ({uri}); jobs nest under it", file=sys.stderr)
+
+    @staticmethod
+    def _log_axes(client: Any, uri: str, experiment_id: str, run_id: str, axes: dict[str, str]) -> None:
+        """The swept axes as the parent's params, a runs-table view of them, the experiment as one of runs."""
+        tracker = Tracker(client, uri, experiment_id, run_id)
+        tracker._existing_params = dict(store.retry(client.get_run, run_id).data.params)
+        # under the children's own param names, so the runs table shows the grid in the children's columns
+        tracker.log_params({**axes, AXES_PARAM: ", ".join(axes)})
+        ui_view.mark_runs_experiment(client, experiment_id)
+        ui_view.share_sweep_view(client, experiment_id, run_id, axes)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.parent is None:
             return
         parent, self.parent = self.parent, None
         client = store.client(parent["tracking_uri"])
-        children = store.retry(
-            client.search_runs,
-            [parent["experiment_id"]],
-            filter_string=f"tags.`{PARENT_TAG}` = '{parent['run_id']}'",
-            max_results=50000,
-        )
+        children = summarize_sweep(client, parent, parent.get("jobs"), parent.get("axes") or {}).children
         bad = [run for run in children if run.info.status in UNFINISHED]
         store.retry(client.set_tag, parent["run_id"], "specbench.jobs", str(len(children)))
         store.retry(client.set_tag, parent["run_id"], "specbench.failed_jobs", str(len(bad)))
@@ -171,6 +185,7 @@ class MlflowSweepCallback(Callback):
         if multirun_yaml.is_file():
             store.retry(client.log_artifact, parent["run_id"], str(multirun_yaml))
         store.retry(client.set_terminated, parent["run_id"], "FAILED" if bad else "FINISHED")
+        print(where_to_compare(parent), file=sys.stderr)
 
     def _end_if_open(self) -> None:
         """At exit: a parent still open means the sweep stopped on an error, or on SIGINT / SIGTERM."""
@@ -181,6 +196,9 @@ class MlflowSweepCallback(Callback):
         status, reason = ("FAILED", "the sweep ended with an error")
         if signum is not None:
             status, reason = ("KILLED", f"the sweep was killed by {signals.signal_name(signum)}")
+        with contextlib.suppress(Exception):
+            client = store.client(parent["tracking_uri"])
+            summarize_sweep(client, parent, parent.get("jobs"), parent.get("axes") or {})
         with contextlib.suppress(Exception):
             client = store.client(parent["tracking_uri"])
             store.retry(client.set_tag, parent["run_id"], "specbench.error", reason)
@@ -201,3 +219,18 @@ class MlflowSweepCallback(Callback):
             return None
         store.retry(client.update_run, run.info.run_id, status="RUNNING")
         return run.info.run_id
+
+
+def where_to_compare(parent: dict) -> str:
+    """The console line that says how to open the sweep's comparison in the MLflow UI."""
+    uri = parent["tracking_uri"]
+    if uri.startswith(("http://", "https://")):
+        base, serve = uri.rstrip("/"), ""
+    else:
+        base, serve = ui_view.DEFAULT_UI, f"mlflow ui --backend-store-uri {uri}, then open "
+    experiment_id, run_id = parent["experiment_id"], parent["run_id"]
+    return (
+        f"Compare the sweep in the MLflow UI: {serve}{base}{ui_view.run_page_path(experiment_id, run_id)} "
+        f"(the parent run) or {base}{ui_view.runs_table_path(experiment_id, ui_view.share_key(run_id))} "
+        "(its experiment's runs table)"
+    )

@@ -275,11 +275,14 @@ def task_run(
         tags["specbench.job_num"] = str(hydra.job.num)
     if run_dir is not None:
         tags["specbench.output_dir"] = str(Path(run_dir).resolve())
+    varying = set(parent.get("swept_keys") or []) if parent else set()
     if parent:
         tags[PARENT_TAG] = parent["run_id"]
+        # sweep.<key>: this job's value of each swept key, a column to pick in the MLflow runs table
+        swept = [o for o in overrides if override_key(o) in varying]
+        tags.update({f"sweep.{override_key(o)}": o.split("=", 1)[1] for o in swept})
     tags.update({str(k): v for k, v in (tracking.get("tags") or {}).items()})
     if run_id is None:
-        varying = set(parent.get("swept_keys") or []) if parent else set()
         named = [o for o in overrides if override_key(o) in varying] if varying else overrides
         name = tracking.get("run_name") or run_name(head or name_head(cfg, kind), named, kind)
         run = store.retry(mlflow_client.create_run, experiment_id, run_name=name)

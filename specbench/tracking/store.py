@@ -212,6 +212,11 @@ def client(uri: str, key: str = "tracking.uri") -> MlflowClient:
     except Exception as err:
         message = " ".join(str(err).split())[:300]
         reason = f"{type(err).__name__}: {message}"
+        if is_lock_error(err):
+            reason += (
+                f" (still locked after {LOCK_RETRY_S:g} s of retries: another process holds the SQLite file; "
+                "wait for it, or run an MLflow server for concurrent jobs)"
+            )
         raise ConfigError(f"{key}: MLflow cannot use the store {uri!r}: {reason}") from err
     return made
 
