@@ -212,9 +212,11 @@ def test_other_settings_in_the_same_dir_are_refused(verifier, prompts, baseline,
     assert result.metadata["rows"] == 7 and result.metadata["sampling"]["temperature"] == 0.5
     (kept,) = out.glob("rows-shard0-of-1.jsonl.replaced-*")
     assert kept.read_bytes() == before
-    # outputs of other sampling settings do not merge
-    with pytest.raises(SynthDataError, match=r"synth\.temperature"):
-        load_synthetic([baseline[0], out])
+    # outputs of other sampling settings merge (a corpus tops up greedy answers with sampled ones); the
+    # summary names both settings
+    merged, summary = load_synthetic([baseline[0], out])
+    assert len(merged["train"]) + len(merged["validation"]) == summary["rows"] == 2 * result.metadata["rows"]
+    assert [s["temperature"] for s in summary["sampling"]] == [1.0, 0.5]
 
 
 def test_corrupt_datasets_name_the_file(baseline, tmp_path):

@@ -38,14 +38,14 @@ DATASET_DIR = "dataset"
 SPLITS = ("train", "validation")
 # Identity keys that every part of a merged dataset must share (see
 # :func:`specbench.pipelines.synthesize.run_identity`).
+# What merged parts must share. Sampling settings may differ: the trainers' targets are the verifier's own
+# distributions over each row (recomputed, or read from the feature cache), so how a row was sampled only
+# decides which rows there are; a corpus tops up greedy answers with answers sampled at T > 0.
 MERGE_KEYS = (
     "verifier",
     "model.verifier.path",
     "model.verifier.revision",
     "tokenizer_hash",
-    "synth.temperature",
-    "synth.top_k",
-    "synth.top_p",
     "synth.target_len",
 )
 
@@ -282,10 +282,13 @@ def load_synthetic(paths: str | Path | Sequence[str | Path]) -> tuple[DatasetDic
             {split: datasets.concatenate_datasets([data[split] for data, _ in parts]) for split in SPLITS}
         )
     first = parts[0][1]
+    samplings = [m.get("sampling") for _, m in parts]
     summary = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         **{k: first.get(k) for k in _SHARED_KEYS},
+        # one dict when the parts agree, else each distinct one in order
+        "sampling": samplings[0] if all(x == samplings[0] for x in samplings) else _distinct(samplings),
         **{k: sum(int(m.get(k, 0)) for _, m in parts) for k in _SUMMED_KEYS},
         "paths": [str(d) for d in dirs],
         "parts": [m for _, m in parts],
@@ -302,6 +305,14 @@ _SUMMED_KEYS = (
     "rows", "train_rows", "validation_rows", "tokens", "generated_tokens", "finished_by_eos",
     "skipped_prompts",
 )  # fmt: skip
+
+
+def _distinct(items: Sequence[Any]) -> list[Any]:
+    out: list[Any] = []
+    for item in items:
+        if item not in out:
+            out.append(item)
+    return out
 
 
 def _synthetic_dirs(paths: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -328,14 +339,17 @@ def _check_mergeable(dirs: Sequence[Path], parts: Sequence[tuple[Any, dict]]) ->
         if changed:
             raise SynthDataError(
                 f"train.data: {directory} does not fit {first_dir}: {'; '.join(changed)}; merge only outputs "
-                "of one verifier, tokenizer, sampling settings and target_len"
+                "of one verifier, tokenizer and target_len"
             )
-    seen: dict[tuple[str, int, int, int], Path] = {}
+    seen: dict[tuple[str, str, int, int], Path] = {}
     for directory, (data, metadata) in zip(dirs, parts):
         prompt_set = json.dumps(
             {k: v for k, v in metadata["identity"].items() if k.startswith("dataset.")}, sort_keys=True
         )
-        seed = metadata["identity"].get("synth.seed", 0)
+        # Runs with other seeds or sampling settings sample other responses to the same prompts: they merge.
+        identity = metadata["identity"]
+        seed = json.dumps([identity.get(k) for k in ("synth.seed", "synth.temperature", "synth.top_k",
+                                                      "synth.top_p")])  # fmt: skip
         for split in SPLITS:
             responses = (
                 data[split]["response_index"]
@@ -343,8 +357,7 @@ def _check_mergeable(dirs: Sequence[Path], parts: Sequence[tuple[Any, dict]]) ->
                 else [0] * len(data[split])
             )
             for index, response in zip(data[split]["source_index"], responses):
-                # Runs with other seeds sample other responses to the same prompts: they may be merged.
-                key = (prompt_set, int(seed), int(index), int(response))
+                key = (prompt_set, seed, int(index), int(response))
                 if key in seen:
                     raise SynthDataError(
                         f"train.data: source_index {index} of one prompt set is in both {seen[key]} and "
