@@ -218,6 +218,13 @@ class TrainConfig:
     # last step's weights go to final.pt. null: trained.pt is the last step. select_mode: max | min.
     select_by: str | None = None
     select_mode: str = "max"
+    # eagle3 / dflash (specbench/training/data_budget.py): train on the first rows of a permutation seeded by
+    # data_seed whose generated tokens reach data_tokens (null: every row; the same order for every budget,
+    # so budgets nest; validation stays whole); drop_heldout_overlap leaves out rows whose prompt overlaps a
+    # held-out Spec-Bench question or a demo prompt (exactly or by an 8-gram).
+    data_tokens: int | None = None
+    data_seed: int = 0
+    drop_heldout_overlap: bool = False
     resume: bool = True  # continue from <output_dir>/checkpoints/last.ckpt when it exists
     devices: Any = 1  # Lightning devices ("auto", an int, or a list of GPU ids)
     strategy: str = "auto"  # Lightning strategy: auto | ddp | ...

@@ -25,7 +25,10 @@ from specbench.data.dataset_config import dataset_settings
 from specbench.errors import ConfigError
 
 
-def _check_train_values(train: dict[str, Any]) -> None:
+def _check_train_values(train: dict[str, Any], method: str) -> None:
+    budgeted = [k for k in ("data_tokens", "drop_heldout_overlap") if train[k] not in (None, False)]
+    if budgeted and method not in ("eagle3", "dflash"):
+        raise ConfigError(f"train.{budgeted[0]} chooses rows for method=eagle3 or dflash, not {method}")
     positive = ("max_steps", "batch_size", "accumulate_grad_batches", "max_offset", "val_every_steps",
                 "checkpoint_every_steps", "lora_rank", "lora_alpha", "rollouts_per_prompt")
     for key in positive:
@@ -48,6 +51,8 @@ def _check_train_values(train: dict[str, Any]) -> None:
             f"train.select_by must name a validation metric (val/..., e.g. val/tau_estimate), got "
             f"{train['select_by']!r}"
         )
+    if train["data_tokens"] is not None and train["data_tokens"] < 1:
+        raise ConfigError(f"train.data_tokens must be >= 1 or null (every row), got {train['data_tokens']}")
     if train["select_mode"] not in ("max", "min"):
         raise ConfigError(f"train.select_mode must be max or min, got {train['select_mode']!r}")
     if not 0.0 <= train["baseline_ema"] < 1.0:
@@ -75,7 +80,7 @@ def validate_train(cfg: DictConfig) -> TrainPlan:
         )
     steering = check_steering(cfg.steering)
     train = OmegaConf.to_container(cfg.train, resolve=True)
-    _check_train_values(train)
+    _check_train_values(train, method)
     if method == "sd2" and steering != "sd2":
         raise ConfigError("task=train method=sd2 trains an SD² steering head: add steering=sd2")
     if method != "sd2" and steering != "none":

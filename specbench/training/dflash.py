@@ -31,6 +31,7 @@ from specbench.drafters.dflash.drafter import DFlashDrafter
 from specbench.drafters.dflash.model import ContextCache, DFlashDraftModel
 from specbench.models.draft_vocab import DraftVocab, draft_vocab_for, vocab_metadata
 from specbench.training.batches import predict_positions, verifier_batch
+from specbench.training.data_budget import training_rows
 from specbench.training.dflash_init import init_from_verifier, starting_weights
 from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
 from specbench.training.opd import objective_module, objective_settings
@@ -305,9 +306,10 @@ def build_dflash_training(
     train = cfg.train
     data, data_meta = load_synthetic(str(train.data))
     check_synthetic_source(data_meta, verifier.name, tokenizer_hash(verifier.tokenizer), train.data)
+    chosen = training_rows(data["train"], verifier.tokenizer, train)  # train.data_tokens & co.
     config = draft_config(verifier.model, train)
     vocab, coverage = draft_vocab_for(
-        data,
+        chosen.vocab_data(data),
         train_option(train, "dflash_draft_vocab_size", None),
         vocab_size,
         "train.dflash_draft_vocab_size",
@@ -355,10 +357,12 @@ def build_dflash_training(
         "feature_cache": str(Path(cache_dir).expanduser()) if cache_dir else None,
         "data": str(train.data),
         "data_rows": {split: len(data[split]) for split in data},
+        **chosen.info,
     }
     count = min(int(train_option(train, "val_prompts", 0)), len(data["validation"]))
     val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(count))]
     args = (verifier.model, draft, train, vocab, metadata, val_prompts, eos_ids, pad_id)
     module = objective_module(module_class or DFlashTraining, objective, args)
-    datamodule = SyntheticDataModule(data, train.batch_size, pad_id, train.seed, train.num_workers, cache)
+    datamodule = SyntheticDataModule(data, train.batch_size, pad_id, train.seed, train.num_workers, cache,
+                                     chosen.rows)  # fmt: skip
     return module, datamodule

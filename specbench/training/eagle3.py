@@ -32,6 +32,7 @@ from specbench.drafters.eagle3 import Eagle3Drafter
 from specbench.drafters.eagle3.head import Eagle3Head, compact, resolve_taps
 from specbench.models.draft_vocab import draft_vocab_for, vocab_metadata
 from specbench.training.batches import TargetSpec, dense_targets, verifier_batch
+from specbench.training.data_budget import training_rows
 from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
 from specbench.training.opd import objective_module, objective_settings
 from specbench.training.synth_data import SyntheticDataModule, collate_cached
@@ -286,7 +287,9 @@ def build_eagle3_training(
     train = cfg.train
     data, data_meta = load_synthetic(str(train.data))
     check_synthetic_source(data_meta, verifier.name, tokenizer_hash(verifier.tokenizer), train.data)
-    vocab, coverage = draft_vocab_for(data, train_option(train, "draft_vocab_size", None), vocab_size)
+    chosen = training_rows(data["train"], verifier.tokenizer, train)  # train.data_tokens & co.
+    vocab, coverage = draft_vocab_for(chosen.vocab_data(data), train_option(train, "draft_vocab_size", None),
+                                      vocab_size)  # fmt: skip
     taps = resolve_taps(
         train_option(train, "taps", None), int(verifier.model.config.num_hidden_layers), "train.taps"
     )
@@ -313,15 +316,8 @@ def build_eagle3_training(
         open_feature_cache(cache_dir, cache_identity(verifier, data, taps, targets))  # refuse a mismatch now
 
         def cache() -> FeatureCache:
-            return build_feature_cache(
-                cache_dir,
-                verifier,
-                data,
-                taps,
-                targets,
-                pad_id,
-                batch_size=int(train_option(train, "feature_batch_size", 8)),
-            )
+            size = int(train_option(train, "feature_batch_size", 8))
+            return build_feature_cache(cache_dir, verifier, data, taps, targets, pad_id, batch_size=size)
 
     steps = int(train_option(train, "ttt_steps", TTT_STEPS))
     objective = objective_settings(cfg, init_head, steps, METHOD)
@@ -338,10 +334,12 @@ def build_eagle3_training(
         "feature_cache": str(Path(cache_dir).expanduser()) if cache_dir else None,
         "data": str(train.data),
         "data_rows": {split: len(data[split]) for split in data},
+        **chosen.info,
     }
     count = min(int(train_option(train, "val_prompts", 0) or 0), len(data["validation"]))
     val_prompts = [row["input_ids"][: row["prompt_len"]] for row in data["validation"].select(range(count))]
     args = (verifier.model, head, train, targets, metadata, val_prompts, eos_ids, pad_id)
     module = objective_module(module_class or Eagle3Training, objective, args)
-    datamodule = Eagle3DataModule(data, train.batch_size, pad_id, train.seed, train.num_workers, cache)
+    datamodule = Eagle3DataModule(data, train.batch_size, pad_id, train.seed, train.num_workers, cache,
+                                  chosen.rows)  # fmt: skip
     return module, datamodule

@@ -3,12 +3,12 @@ each with its cached verifier features and targets when a feature cache is given
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from specbench.training.batches import PACKED_TARGETS, pad_batch, predict_positions
 from specbench.training.features import FeatureCache, FeatureSplit
@@ -67,12 +67,14 @@ class SyntheticDataModule(L.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
         cache: Callable[[], FeatureCache] | None = None,
+        train_rows: Sequence[int] | None = None,
     ):
         super().__init__()
         self.data, self.batch_size, self.pad_id = data, batch_size, pad_id
         self.seed, self.num_workers = seed, num_workers
         self._cache = cache
         self.features: FeatureCache | None = None
+        self.train_rows = list(train_rows) if train_rows is not None else None  # data_budget.training_rows
 
     def prepare_data(self) -> None:
         if self._cache is not None:
@@ -83,10 +85,15 @@ class SyntheticDataModule(L.LightningDataModule):
             self.features = self._cache()
 
     def rows(self, split: str) -> Any:
-        """The dataset one split's loader reads."""
+        """The dataset one split's loader reads (the training split cut to ``train_rows`` when given; the
+        feature cache is indexed by the full split's rows)."""
         if self.features is not None:
-            return CachedRows(self.data[split], self.features[split])
-        return self.data[split].select_columns(["input_ids", "loss_mask", "prompt_len"])
+            rows = CachedRows(self.data[split], self.features[split])
+        else:
+            rows = self.data[split].select_columns(["input_ids", "loss_mask", "prompt_len"])
+        if split == "train" and self.train_rows is not None:
+            return Subset(rows, self.train_rows)
+        return rows
 
     def collate(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         return collate_cached(batch, self.pad_id)

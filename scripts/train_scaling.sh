@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The data-scaling runs of issue 48 (docs/eagle3.md#training-at-scale-issue-48-where-it-stands): EAGLE-3 heads
+# trained on nested token budgets of the committed corpus, SFT and on-policy distillation at equal steps.
+#
+#   bash scripts/train_scaling.sh                      # every size, in order; THREADS=2 on an idle machine
+#   SIZES="64000 250000" bash scripts/train_scaling.sh # some sizes
+#
+# Per size N (train.data_tokens; "all": the whole corpus), with S = STEPS_PER_MTOK * N / 1e6 steps (at least
+# MIN_STEPS):
+#   sft-N       SFT for S steps from the verifier's last layer
+#   half-N      SFT for S/2 steps (the same start), the starting point of
+#   opd-N       on-policy distillation for S/2 steps from half-N's head: S steps in all, as sft-N
+# Every run reads one feature cache (built by the first run, reused by the others; delete it after the corpus
+# grows), drops the rows that overlap held-out questions, validates on the corpus' own validation split and
+# ships the best validation step (train.select_by). A finished run (trained.pt present) is skipped; an
+# unfinished one resumes its last.ckpt, so the script can be killed and rerun at any point.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+THREADS=${THREADS:-1}
+OUT=${OUT:-runs/scaling}
+SIZES=${SIZES:-64000 250000 1000000 all}
+STEPS_PER_MTOK=${STEPS_PER_MTOK:-2000}  # batch 8 of rows of ~150 generated tokens: about 1.7 epochs
+MIN_STEPS=${MIN_STEPS:-200}
+# The pieces of the corpus with at least one finished shard (an unfinished piece contributes its finished
+# shards). Run the curve on a corpus that no longer grows: the feature cache and the budgets' row order are
+# those of one corpus, and a grown one is refused by the cache (delete $OUT to start over).
+finished() {
+  local dir
+  for dir in data/corpus/smollm2-greedy/*/; do
+    if compgen -G "$dir/rows-shard*.jsonl.gz" > /dev/null; then echo "${dir%/}"; fi
+  done | paste -sd, -
+}
+CORPUS=${CORPUS:-$(finished)}
+common=(model/drafter=eagle3 "train.data=$CORPUS" "train.feature_cache=$OUT/features" train.feature_top_k=64
+        train.draft_vocab_size=8192 train.drop_heldout_overlap=true train.select_by=val/tau_estimate
+        train.batch_size=8 train.val_every_steps=100 train.checkpoint_every_steps=50 train.val_prompts=0
+        train.lr_end=2e-5 train.warmup_steps=20 runtime.dtype=float32 "runtime.num_threads=$THREADS"
+        tracking=none)
+
+run() {  # run NAME OVERRIDES...: one training run into $OUT/NAME, skipped when finished
+  local name=$1
+  shift
+  if [ -f "$OUT/$name/trained.pt" ]; then
+    echo "$name: finished ($OUT/$name/trained.pt)"
+    return
+  fi
+  HF_HUB_OFFLINE=1 "$PY" launch.py task=train "${common[@]}" "$@" "train.output_dir=$OUT/$name" \
+    "hydra.run.dir=$OUT/logs/$name-$(date +%Y%m%d-%H%M%S)"
+}
+
+for size in $SIZES; do
+  if [ "$size" = all ]; then
+    budget=train.data_tokens=null
+    steps=$(( STEPS_PER_MTOK * 1500000 / 1000000 ))  # the whole corpus: about 1.5 M tokens when complete
+  else
+    budget=train.data_tokens=$size
+    steps=$(( STEPS_PER_MTOK * size / 1000000 ))
+  fi
+  steps=$(( steps < MIN_STEPS ? MIN_STEPS : steps ))
+  half=$(( steps / 2 ))
+  run "sft-$size" method=eagle3 "$budget" train.init_layer=verifier_last "train.max_steps=$steps" \
+    train.lr_start=5e-4
+  run "half-$size" method=eagle3 "$budget" train.init_layer=verifier_last "train.max_steps=$half" \
+    train.lr_start=5e-4
+  run "opd-$size" method=eagle3_opd "$budget" "train.init_head=$OUT/half-$size/trained.pt" \
+    "train.max_steps=$half" train.lr_start=1e-4
+done
