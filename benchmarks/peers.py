@@ -13,15 +13,18 @@ how it decodes). Interleaved per question in rotating order (``harness.run_all``
                      assistant settings: 20 tokens, constant schedule, confidence threshold 0.4)
   specbench-ar       specbench's engine without a drafter
   specbench-default  the default drafter (``conf/model/drafter/suffix-eagle3-smollm2.yaml``: suffix tree, the
-                     EAGLE-3 head as fallback) with its default constant γ
+                     EAGLE-3 head as fallback) under the default schedule (conf/config.yaml's ``schedule``;
+                     cost_aware: priced by this machine's cached cost profile, ``--default-schedule``)
+  specbench-default-S  the same drafter under schedule S (``--compare-schedule S``)
   specbench-tree     ``conf/model/drafter/suffix-pl-eagle3-smollm2.yaml``: the suffix drafter's and HF-style
                      prompt lookup's chains merged into one tree per round, the head as fallback
                      (``--no-tree`` leaves it out)
 
-Reported per row and Spec-Bench task: speedup against ``hf-generate`` and against ``hf-prompt-lookup`` (ratio
-of mean tokens/s, with the median per-question ratio), τ, identical-output counts (against HF generate and
-against specbench's AR), per-position acceptance and the share of drafting rounds that accept nothing (HF
-rows: rounds read from the verifier's forward calls). The record goes to results/peers/.
+Reported per row and Spec-Bench task: speedup against ``hf-generate``, against ``hf-prompt-lookup`` and
+against ``specbench-ar`` (ratio of mean tokens/s, with the median per-question ratio), τ, identical-output
+counts (against HF generate and against specbench's AR), per-position acceptance and the share of drafting
+rounds that accept nothing (HF rows: rounds read from the verifier's forward calls). The record goes to
+results/peers/.
 
     python benchmarks/peers.py --per-category 3 --max-new-tokens 96 --threads 1
 """
@@ -80,7 +83,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-assisted", action="store_true", help="leave out the HF assisted-generation row")
     parser.add_argument("--no-tree", action="store_true", help="leave out the specbench-tree row")
     parser.add_argument("--notes", default="", help="appended to the record's notes (e.g. machine load)")
+    parser.add_argument("--default-schedule", choices=SCHEDULES, default=configured_schedule(),
+                        help="specbench-default's schedule (default: conf/config.yaml's)")  # fmt: skip
+    parser.add_argument("--compare-schedule", choices=SCHEDULES, action="append", default=[],
+                        help="add a specbench-default-S row with schedule S (repeatable)")  # fmt: skip
     return parser.parse_args(argv)
+
+
+SCHEDULES = ("constant", "cost_aware")
+
+
+def configured_schedule() -> str:
+    """The ``schedule`` group that conf/config.yaml picks by default."""
+    defaults = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())["defaults"]
+    return next(d["schedule"] for d in defaults if isinstance(d, dict) and "schedule" in d)
 
 
 def plain_transformers_copy(dtype: torch.dtype, layers: int | None = None):
@@ -139,16 +155,27 @@ def hf_rounds_runner(name: str, model, max_new_tokens: int, eos, pad, **generate
     return Runner(name, run)
 
 
-def preset_drafter_runner(name: str, preset_path: Path, verifier, vocab: int, common: dict) -> Runner:
-    """A ``suffix_then_eagle3`` drafter preset (its params, head path and default constant γ) as a runner."""
+def preset_drafter_runner(
+    name: str, preset_path: Path, verifier, vocab: int, common: dict, schedule_name: str = "constant"
+) -> Runner:
+    """A ``suffix_then_eagle3`` drafter preset (its params and head path) as a runner: under its default
+    constant γ, or ``cost_aware`` with that γ as the most it drafts, priced by this machine's cached cost
+    profile (measured on first use, as ``schedule.profile: null`` does; conf/schedule/cost_aware.yaml)."""
     from specbench.decoding import DraftSchedule, SpeculativeEngine
+    from specbench.decoding.cost_aware import CostAwareSchedule
+    from specbench.decoding.cost_cache import machine_profile
     from specbench.drafters.fallback import suffix_then_eagle3
+    from specbench.evaluation import PROFILE_CONTEXT, measure_profile
 
     preset = yaml.safe_load(preset_path.read_text())
     params = dict(preset["params"])
     params["path"] = str(ROOT / params["path"])
     drafter = suffix_then_eagle3(verifier=verifier, vocab_size=vocab, **params)
-    schedule = DraftSchedule("constant", int(preset["default_gamma"]))
+    gamma = int(preset["default_gamma"])
+    schedule = DraftSchedule("constant", gamma)
+    if schedule_name == "cost_aware":
+        profile = machine_profile(measure_profile, verifier, drafter, vocab, gamma + 1, PROFILE_CONTEXT)
+        schedule = CostAwareSchedule(profile, gamma)
     return engine_runner(name, SpeculativeEngine(verifier.model, drafter, schedule=schedule, **common))
 
 
@@ -171,7 +198,9 @@ def runners_for(dtype: str, args) -> tuple[list[Runner], object]:
         runners.append(hf_rounds_runner(f"hf-assisted-ee{args.assistant_layers}", hf, args.max_new_tokens,
                                         eos, pad, assistant_model=assistant))  # fmt: skip
     runners.append(engine_runner(AR, SpeculativeEngine(verifier.model, None, **common)))
-    runners.append(preset_drafter_runner(DEFAULT, DEFAULT_DRAFTER, verifier, vocab, common))
+    for name, schedule in ((DEFAULT, args.default_schedule),
+                           *((f"{DEFAULT}-{s}", s) for s in args.compare_schedule)):  # fmt: skip
+        runners.append(preset_drafter_runner(name, DEFAULT_DRAFTER, verifier, vocab, common, schedule))
     if not args.no_tree:
         runners.append(preset_drafter_runner(TREE, TREE_DRAFTER, verifier, vocab, common))
     return runners, verifier.tokenizer
@@ -213,6 +242,11 @@ def zero_accept_share(rows: list[dict]) -> float | None:
     return sum(a == 0 for a in drafting) / len(drafting) if drafting else None
 
 
+def ours(name: str) -> bool:
+    """A specbench row with a drafter: held to specbench-ar's outputs."""
+    return name.startswith("specbench-") and name != AR
+
+
 def row_figures(name: str, rows: list[dict], by_name: dict[str, dict[int, dict]]) -> dict:
     """A runner's figures over ``rows`` (one task or all): speedups, τ, tokens/s, identical counts,
     acceptance."""
@@ -224,6 +258,8 @@ def row_figures(name: str, rows: list[dict], by_name: dict[str, dict[int, dict]]
     if name != LOOKUP:
         figures["vs_hf_prompt_lookup"] = speedup_figure(rows, by_name[LOOKUP])
         figures["total_time_vs_hf_prompt_lookup"] = figure(total_time_ratio(rows, by_name[LOOKUP]), unit="x")
+    if ours(name):
+        figures["vs_specbench_ar"] = speedup_figure(rows, by_name[AR])
     for ref, key in ((BASELINE, "same_as_hf_generate"), (AR, "same_as_specbench_ar")):
         same = sum(r["output_ids"] == by_name[ref][r["question_id"]]["output_ids"] for r in rows)
         figures[key] = figure(same, unit=f"/{len(rows)}")
@@ -268,6 +304,12 @@ def format_figures(dtype: str, figures: dict[str, dict[str, dict]]) -> str:
                      f"{o['tau']['value']:>6.2f}{o['tokens_per_s']['value']:>7.1f}"
                      f"{int(o['same_as_hf_generate']['value']):>5}"
                      f"{int(o['same_as_specbench_ar']['value']):>5}{zero}")  # fmt: skip
+    titles = "".join(f"{TASK_TITLES[t]:>7}" for t in tasks)
+    lines.append(f"{'against specbench-ar':<{width}}{titles}{'all':>7}")
+    for name, rows in figures.items():
+        if ours(name):
+            cells = "".join(f"{rows[t]['vs_specbench_ar']['value']:>6.2f}x" for t in [*tasks, "overall"])
+            lines.append(f"{name:<{width}}{cells}")
     return "\n".join(lines)
 
 
@@ -283,12 +325,14 @@ def record_rows(dtype: str, figures: dict[str, dict[str, dict]]) -> list[dict]:
                 if "vs_hf_prompt_lookup" in fig:
                     row[f"vs_hf_prompt_lookup_{task}"] = fig["vs_hf_prompt_lookup"]
                     row[f"total_time_vs_hf_prompt_lookup_{task}"] = fig["total_time_vs_hf_prompt_lookup"]
-        reference = "same_as_specbench_ar" if name in (DEFAULT, TREE) else "same_as_hf_generate"
+                if "vs_specbench_ar" in fig:
+                    row[f"vs_specbench_ar_{task}"] = fig["vs_specbench_ar"]
+        reference = "same_as_specbench_ar" if ours(name) else "same_as_hf_generate"
         count = row[reference]
         rows.append({"setup": f"{dtype}: {name}", "figures": row,
                      "identical_outputs": count["value"] == int(count["unit"][1:]),
                      "notes": "identical_outputs: against "
-                              + ("specbench-ar" if name in (DEFAULT, TREE) else BASELINE)})  # fmt: skip
+                              + ("specbench-ar" if ours(name) else BASELINE)})  # fmt: skip
     return rows
 
 
@@ -321,8 +365,8 @@ def main(argv=None) -> int:
                threads=args.threads,
                doc="docs/benchmarks.md#peers-transformers-generate-prompt-lookup-assisted",
                notes=notes)  # fmt: skip
-    lossless = all(r["identical_outputs"] for r in rows if r["setup"].endswith((DEFAULT, TREE)))
-    print("specbench-default (and -tree) token-identical to specbench-ar:", lossless)
+    lossless = all(r["identical_outputs"] for r in rows if ours(r["setup"].split(": ", 1)[1]))
+    print("specbench rows with a drafter token-identical to specbench-ar:", lossless)
     return 0 if lossless else 1
 
 

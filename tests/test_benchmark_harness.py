@@ -90,13 +90,14 @@ def test_peers_benchmark_records_every_row_with_rounds_that_add_up(tmp_path):
     from specbench.results.record import load_records
 
     code = peers.main(["--per-category", "1", "--max-new-tokens", "6", "--dtypes", "float32",
+                       "--default-schedule", "constant", "--compare-schedule", "cost_aware",
                        "--out-dir", str(tmp_path / "out"),
                        "--results-dir", str(tmp_path / "results")])  # fmt: skip
     assert code == 0
     (_, record), = load_records(tmp_path / "results")
     setups = {row["setup"]: row for row in record["rows"]}
     names = ["hf-generate", "hf-prompt-lookup", "hf-assisted-ee4", "specbench-ar", "specbench-default",
-             "specbench-tree"]  # fmt: skip
+             "specbench-default-cost_aware", "specbench-tree"]  # fmt: skip
     assert sorted(setups) == sorted(f"float32: {n}" for n in names)
     default = setups["float32: specbench-default"]["figures"]
     assert {
@@ -105,6 +106,9 @@ def test_peers_benchmark_records_every_row_with_rounds_that_add_up(tmp_path):
     } <= set(default)
     assert setups["float32: hf-generate"]["figures"]["speedup"]["value"] == 1.0
     assert setups["float32: specbench-tree"]["identical_outputs"]  # against specbench's AR
+    priced = setups["float32: specbench-default-cost_aware"]
+    assert priced["identical_outputs"] and "vs_specbench_ar_qa" in priced["figures"]
+    assert "vs_specbench_ar" not in setups["float32: hf-prompt-lookup"]["figures"]
     # total time: the prompt-lookup row's time per token over the row's, on the whole set
     folder = tmp_path / "out" / "float32" / "answers"
     answers = {n: [json.loads(x) for x in (folder / f"{n}.jsonl").read_text().splitlines()]

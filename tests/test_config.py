@@ -638,3 +638,16 @@ def test_a_rule_built_in_python_with_no_parameters_is_the_methods_config_default
     from_python = build_rule(method)
     assert type(from_config) is type(from_python)
     assert vars(from_config) == vars(from_python)
+
+
+def test_cost_aware_drafts_at_most_schedule_gamma_which_follows_the_drafter_preset():
+    from omegaconf import OmegaConf
+
+    def schedule(*overrides):
+        cfg = compose_config(["schedule=cost_aware", *overrides])
+        return OmegaConf.to_container(cfg.schedule, resolve=True)
+
+    assert (schedule()["gamma"], schedule()["max_gamma"]) == (10, 10)  # the default drafter's default_gamma
+    assert schedule("model/drafter=eagle3-smollm2")["max_gamma"] == 3
+    assert schedule("schedule.gamma=5")["max_gamma"] == 5  # a sweep over schedule.gamma sweeps the cap
+    assert schedule("schedule.max_gamma=16")["max_gamma"] == 16
