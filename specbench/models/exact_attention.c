@@ -50,6 +50,45 @@ static inline float exp_nonpositive(float x) {
 #define BLOCK 16
 typedef float vec __attribute__((vector_size(BLOCK * sizeof(float))));
 
+/* One score per (row, key) of a block of BLOCK keys: row r's dot products, scaled, or -inf where masked. */
+static inline void put_scores(vec sum, float *scores, int r, int queries, int padded, int first, int keys,
+                              float scale, const uint8_t *allowed, int64_t aq, int64_t ak) {
+    int j = r % queries;
+    for (int c = 0; c < BLOCK; c++) {
+        int key = first + c;
+        int seen = key < keys && (allowed ? allowed[j * aq + key * ak] != 0 : key <= keys - queries + j);
+        scores[(int64_t)r * padded + key] = seen ? sum[c] * scale : -INFINITY;
+    }
+}
+
+/* The scores of every row against one transposed key block. Rows go four at a time so that four independent
+ * sums are in flight (one row's sum is a chain of d dependent adds); a last group of one to three rows
+ * repeats its last row in the unused slots and stores only its own. Each row still adds its products over
+ * the head dimension in index order, so its bits do not depend on which rows share its group. */
+static void score_block(const float *qf, const vec *kt, float *scores, int rows, int queries, int d,
+                        int padded, int first, int keys, float scale, const uint8_t *allowed, int64_t aq,
+                        int64_t ak) {
+    for (int r = 0; r < rows; r += 4) {
+        int last = rows - 1;
+        const float *q0 = qf + (int64_t)r * d;
+        const float *q1 = qf + (int64_t)(r + 1 < last ? r + 1 : last) * d;
+        const float *q2 = qf + (int64_t)(r + 2 < last ? r + 2 : last) * d;
+        const float *q3 = qf + (int64_t)(r + 3 < last ? r + 3 : last) * d;
+        vec s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+        for (int i = 0; i < d; i++) {
+            vec key = kt[i];
+            s0 += q0[i] * key;
+            s1 += q1[i] * key;
+            s2 += q2[i] * key;
+            s3 += q3[i] * key;
+        }
+        put_scores(s0, scores, r, queries, padded, first, keys, scale, allowed, aq, ak);
+        if (r + 1 < rows) put_scores(s1, scores, r + 1, queries, padded, first, keys, scale, allowed, aq, ak);
+        if (r + 2 < rows) put_scores(s2, scores, r + 2, queries, padded, first, keys, scale, allowed, aq, ak);
+        if (r + 3 < rows) put_scores(s3, scores, r + 3, queries, padded, first, keys, scale, allowed, aq, ak);
+    }
+}
+
 #define DEFINE_ATTENTION(NAME, TYPE, LOAD, STORE)                                                             \
     static int NAME(const TYPE *q, const TYPE *k, const TYPE *v, const uint8_t *allowed, TYPE *out, int batch,  \
                     int heads, int key_heads, int queries, int keys, int d, int dv, float scale, int64_t kb,    \
@@ -82,18 +121,8 @@ typedef float vec __attribute__((vector_size(BLOCK * sizeof(float))));
                         for (int i = 0; i < d; i++) line[i] = LOAD(row[i]);                                     \
                         for (int i = 0; i < d; i++) kt[i][c] = line[i];                                         \
                     }                                                                                           \
-                    for (int r = 0; r < rows; r++) {                                                            \
-                        vec sum = {0};                                                                          \
-                        const float *qr = qf + (int64_t)r * d;                                                  \
-                        for (int i = 0; i < d; i++) sum += qr[i] * kt[i];                                       \
-                        int j = r % queries;                                                                    \
-                        for (int c = 0; c < BLOCK; c++) {                                                       \
-                            int key = first + c;                                                                \
-                            int seen = key < keys && (allowed ? allowed[b * ab + j * aq + key * ak] != 0        \
-                                                              : key <= keys - queries + j);                     \
-                            scores[(int64_t)r * padded + key] = seen ? sum[c] * scale : -INFINITY;              \
-                        }                                                                                       \
-                    }                                                                                           \
+                    score_block(qf, kt, scores, rows, queries, d, padded, first, keys, scale,                   \
+                                allowed ? allowed + b * ab : NULL, aq, ak);                                     \
                 }                                                                                               \
                 for (int r = 0; r < rows; r++) {                                                                \
                     float *s = scores + (int64_t)r * padded, top = -INFINITY;                                   \
