@@ -40,3 +40,6 @@ sharded inspect_evals 4 dataset=corpus "dataset.categories=[inspect_evals]" "${g
 # Two more answers per chatterbot opening line at T 0.7, top-p 0.95 (seed 1), in two shards.
 sharded chatterbot-t07 2 dataset=chatterbot synth.temperature=0.7 synth.top_p=0.95 synth.responses_per_prompt=2 \
   synth.seed=1
+# The manifest's openai/evals prompts (12,717; exam, puzzle and classification prompts, most with short
+# answers), greedy, in 8 shards.
+sharded openai_evals 8 dataset=corpus "dataset.categories=[openai_evals]" "${greedy[@]}"
