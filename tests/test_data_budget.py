@@ -1,11 +1,13 @@
-"""train.data_tokens: nested token budgets of one corpus, validation whole, vocabulary counted on the chosen
-rows; train.drop_heldout_overlap: rows whose prompt overlaps a held-out question are left out."""
+"""train.data_tokens: nested token budgets of one corpus, validation whole, one draft vocabulary (so one
+feature cache) for every budget; train.drop_heldout_overlap: rows whose prompt overlaps a held-out question
+are left out."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
+import torch
 from helpers import compose_config
 from test_eagle3 import VOCAB, tiny_verifier, train_cfg
 
@@ -94,6 +96,21 @@ def test_eagle3_training_reads_only_the_budget_and_the_whole_validation_split(ve
     assert module.metadata()["data_tokens"] == 100
     first = datamodule.rows("train")[0]
     assert first["input_ids"] == data["train"][picked.rows[0]]["input_ids"]
+
+
+def test_every_budget_reads_one_feature_cache(verifier, synth_dir, tmp_path):
+    modules = []
+    for tokens in (60, None):  # a budget, then the whole corpus, on the same cache
+        cfg = train_cfg(synth_dir, tmp_path, data_tokens=tokens, data_seed=0, drop_heldout_overlap=False,
+                        val_prompts=0, draft_vocab_size=40)  # fmt: skip
+        module, datamodule = build_training("eagle3", cfg, verifier, VOCAB, [EOS_ID], PAD_ID)
+        datamodule.prepare_data()
+        datamodule.setup("fit")  # builds the cache the first time, opens it the second
+        row = datamodule.rows("train")[0]
+        assert "target_values" in row  # read from the cache
+        modules.append(module)
+    assert modules[0].metadata()["train_rows_used"] < len(load_synthetic(str(synth_dir))[0]["train"])
+    assert torch.equal(modules[0].head.vocab.draft_ids, modules[1].head.vocab.draft_ids)
 
 
 def test_a_budget_for_a_method_that_does_not_read_it_is_a_config_error():

@@ -5,7 +5,8 @@ a permutation seeded by ``train.data_seed``, and a budget of N tokens takes the 
 tokens add up to N (the row that crosses N is kept). Every budget uses the same order, so the rows of 64 k
 tokens are among those of 250 k, and those among 1 M. The validation split stays whole at every budget, so
 the snapshots of every size are chosen on the same rows, and the feature cache, which covers every row, is
-built once for all sizes. The draft vocabulary is counted on the chosen rows only.
+built once for all sizes. The draft vocabulary is counted on the whole training split, as without a budget:
+the cache's targets are over it, so one vocabulary is what lets every size share one cache.
 
 ``drop_heldout_overlap`` leaves out the rows whose prompt equals, or shares an 8-gram with, a Spec-Bench
 question outside the train part or a demo prompt (the check the prompt manifest applies,
@@ -29,10 +30,6 @@ class TrainingRows:
 
     rows: list[int] | None
     info: dict[str, Any] = field(default_factory=dict)
-
-    def vocab_data(self, data: Any) -> Any:
-        """``data`` with its training split cut to the chosen rows (what the draft vocabulary counts)."""
-        return data if self.rows is None else {**data, "train": data["train"].select(self.rows)}
 
 
 def heldout_overlap(split: Any, tokenizer: Any) -> list[int]:

@@ -309,7 +309,7 @@ def build_dflash_training(
     chosen = training_rows(data["train"], verifier.tokenizer, train)  # train.data_tokens & co.
     config = draft_config(verifier.model, train)
     vocab, coverage = draft_vocab_for(
-        chosen.vocab_data(data),
+        data,
         train_option(train, "dflash_draft_vocab_size", None),
         vocab_size,
         "train.dflash_draft_vocab_size",

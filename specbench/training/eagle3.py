@@ -288,8 +288,7 @@ def build_eagle3_training(
     data, data_meta = load_synthetic(str(train.data))
     check_synthetic_source(data_meta, verifier.name, tokenizer_hash(verifier.tokenizer), train.data)
     chosen = training_rows(data["train"], verifier.tokenizer, train)  # train.data_tokens & co.
-    vocab, coverage = draft_vocab_for(chosen.vocab_data(data), train_option(train, "draft_vocab_size", None),
-                                      vocab_size)  # fmt: skip
+    vocab, coverage = draft_vocab_for(data, train_option(train, "draft_vocab_size", None), vocab_size)
     taps = resolve_taps(
         train_option(train, "taps", None), int(verifier.model.config.num_hidden_layers), "train.taps"
     )
