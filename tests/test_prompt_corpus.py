@@ -8,6 +8,7 @@ import json
 import pytest
 from helpers import compose_config
 
+import specbench.config  # noqa: F401  (registers the schemas)
 from specbench.data import corpus_manifest, package_prompts, prompt_corpus
 from specbench.data.corpus_manifest import MANIFEST
 from specbench.data.dataset_sources import DatasetUnavailableError

@@ -58,6 +58,8 @@ def _json_file(path: Path, reinstall: str) -> Any:
 
 
 def _jsonl_file(path: Path, reinstall: str) -> list[dict[str, Any]]:
+    """Not specbench.data.prompts.read_jsonl: some openai/evals files end lines with a bare carriage return,
+    which str.splitlines splits on and a binary line reader does not."""
     rows = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if line.strip():

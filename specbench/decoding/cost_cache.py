@@ -13,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from specbench.decoding.cost import CostProfile
+from specbench.results.machine import cpu_model
 
 CACHE_ENV = "SPECBENCH_COST_CACHE"
 MEASURE = "measure"  # schedule.profile=measure: measure now, refresh the cached entry
@@ -32,16 +32,6 @@ def cache_root() -> Path:
         return Path(os.environ[CACHE_ENV]).expanduser()
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "specbench" / "cost-profiles"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_identity(device: str) -> dict[str, Any]:
