@@ -143,3 +143,32 @@ def test_a_sigterm_during_a_lightning_metric_write_lets_it_finish_then_stops(
     with sigterm_inside_the_next_commit(monkeypatch), pytest.raises(signals.Terminated):
         logger.log_metrics({"train/loss": 1.5}, step=3)
     assert client.get_run(run_id).data.metrics.get("train/loss") == 1.5
+
+
+def test_a_sigterm_during_start_run_leaves_no_fluent_run_to_be_ended_finished_at_exit(
+    handlers, store_run, monkeypatch
+):
+    """The SIGTERM held during ``mlflow.start_run`` is raised as it returns; the run it pushed must leave
+    MLflow's fluent stack, or MLflow's atexit ``end_run`` overwrote KILLED with FINISHED (seen in CI)."""
+    import mlflow
+
+    from specbench.tracking import run as tracking_run
+
+    uri, client, run_id = store_run
+    start_run = mlflow.start_run
+
+    def start_run_hit_by_sigterm(*args, **kwargs):
+        started = start_run(*args, **kwargs)
+        kill_self()
+        return started
+
+    monkeypatch.setattr(mlflow, "start_run", start_run_hit_by_sigterm)
+    tracker = tracking_run.Tracker(client, uri, client.get_run(run_id).info.experiment_id, run_id)
+    body = []
+    with pytest.raises(signals.Terminated), tracking_run.ending(tracker), tracking_run._active(uri, run_id):
+        body.append("ran")
+    assert body == []
+    assert mlflow.active_run() is None
+    mlflow.end_run()  # what MLflow's atexit hook does: nothing is left for it to end
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert client.get_run(run_id).data.tags["specbench.error"] == "killed by SIGTERM"

@@ -311,8 +311,10 @@ def _active(uri: str, run_id: str) -> Iterator[None]:
     import mlflow
 
     mlflow.set_tracking_uri(uri)
-    store.retry(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None)
     try:
+        # inside the try: a signal held during start_run is raised when it returns, and the run it pushed
+        # must still leave the fluent stack, or MLflow's atexit end_run marks the KILLED run FINISHED
+        store.retry(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None)
         yield
     finally:
         active = mlflow.active_run()
