@@ -1,30 +1,32 @@
 #!/usr/bin/env bash
-# The data-scaling runs of issue 48 (docs/eagle3.md#training-at-scale-issue-48-where-it-stands): EAGLE-3 heads
-# trained on nested token budgets of the committed corpus, SFT and on-policy distillation at equal steps.
+# The data-scaling runs of issue 48 (docs/eagle3.md#training-at-scale-issue-48): EAGLE-3 heads trained on nested
+# token budgets of the committed corpus, SFT and on-policy distillation (OPD) at equal steps.
 #
 #   bash scripts/train_scaling.sh                      # every size, in order; THREADS=2 on an idle machine
 #   SIZES="64000 250000" bash scripts/train_scaling.sh # some sizes
 #
 # Per size N (train.data_tokens; "all": the whole corpus), with S = STEPS_PER_MTOK * N / 1e6 steps (at least
 # MIN_STEPS):
-#   sft-N       SFT for S steps from the verifier's last layer
-#   half-N      SFT for S/2 steps (the same start), the starting point of
-#   opd-N       on-policy distillation for S/2 steps from half-N's head: S steps in all, as sft-N
-# ttt_steps 4 unrolls the chain past the γ 3 the record measures, at about half the cost of 7.
+#   base-N      SFT for S/2 steps from the verifier's last layer (lr 5e-4), the common start of
+#   sft-N       SFT for S/2 more steps from base-N's head (lr 1e-4)
+#   opd-N       on-policy distillation for S/2 steps from base-N's head (lr 1e-4)
+# so sft-N and opd-N differ only in the objective of their last S/2 steps: S steps each, the same compute
+# counters (docs/training.md#training-compute). ttt_steps 4 unrolls the chain past the γ 3 the curve measures.
 # Every run reads one feature cache (built by the first run, reused by the others; delete it after the corpus
 # grows), drops the rows that overlap held-out questions, validates on the corpus' own validation split and
 # ships the best validation step (train.select_by). A finished run (trained.pt present) is skipped; an
 # unfinished one resumes its last.ckpt, so the script can be killed and rerun at any point.
+# The curve: python benchmarks/eagle3_scaling.py --runs runs/scaling ... (docs/eagle3.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 THREADS=${THREADS:-1}
 OUT=${OUT:-runs/scaling}
-SIZES=${SIZES:-64000 250000 1000000 all}
+SIZES=${SIZES:-64000 250000 500000 all}
 # batch 8 of rows of ~150 generated tokens: about one epoch; a step took about 8 s at ttt_steps 7 on one core
 STEPS_PER_MTOK=${STEPS_PER_MTOK:-1000}
 MIN_STEPS=${MIN_STEPS:-200}
-ALL_TOKENS=${ALL_TOKENS:-1500000}  # what the step count of size "all" assumes (the corpus' generated tokens)
+ALL_TOKENS=${ALL_TOKENS:-1055646}  # what the step count of size "all" assumes (the corpus' generated tokens)
 # The pieces of the corpus with at least one finished shard (an unfinished piece contributes its finished
 # shards). Run the curve on a corpus that no longer grows: the feature cache and the budgets' row order are
 # those of one corpus, and a grown one is refused by the cache (delete $OUT to start over).
@@ -35,7 +37,7 @@ finished() {
   done | paste -sd, -
 }
 CORPUS=${CORPUS:-$(finished)}
-common=(model/drafter=eagle3 "train.data=$CORPUS" "train.feature_cache=$OUT/features" train.feature_top_k=64
+common=(model/drafter=eagle3 "train.data='$CORPUS'" "train.feature_cache=$OUT/features" train.feature_top_k=64
         train.draft_vocab_size=8192 train.ttt_steps=4 train.drop_heldout_overlap=true
         train.select_by=val/tau_estimate
         train.batch_size=8 train.val_every_steps=100 train.checkpoint_every_steps=50 train.val_prompts=0
@@ -63,10 +65,12 @@ for size in $SIZES; do
   fi
   steps=$(( steps < MIN_STEPS ? MIN_STEPS : steps ))
   half=$(( steps / 2 ))
-  run "sft-$size" method=eagle3 "$budget" train.init_layer=verifier_last "train.max_steps=$steps" \
+  run "base-$size" method=eagle3 "$budget" train.init_layer=verifier_last "train.max_steps=$half" \
     train.lr_start=5e-4
-  run "half-$size" method=eagle3 "$budget" train.init_layer=verifier_last "train.max_steps=$half" \
-    train.lr_start=5e-4
-  run "opd-$size" method=eagle3_opd "$budget" "train.init_head=$OUT/half-$size/trained.pt" \
-    "train.max_steps=$half" train.lr_start=1e-4
+  for objective in sft opd; do
+    method=eagle3
+    [ "$objective" = opd ] && method=eagle3_opd
+    run "$objective-$size" "method=$method" "$budget" "train.init_head=$OUT/base-$size/trained.pt" \
+      "train.max_steps=$half" train.lr_start=1e-4
+  done
 done

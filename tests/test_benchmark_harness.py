@@ -205,3 +205,41 @@ def test_kv_cache_benchmark_puts_both_caches_side_by_side(tmp_path, capsys):
     assert figures["dynamic_over_buffered"]["value"] == pytest.approx(ratio)
     assert row["identical_outputs"] is True  # the same greedy tokens from either cache
     assert "float32" in capsys.readouterr().out
+
+
+def test_scaling_benchmark_records_tau_against_training_tokens_and_redraws_the_plot(tmp_path):
+    """benchmarks/eagle3_scaling.py at a tiny size: two scaling runs (copies of the committed head with their
+    training tokens rewritten) as chain and tree rows next to autoregressive decoding; each head row carries
+    its tokens and objective, greedy outputs equal AR's, and the record alone redraws the plot."""
+    import eagle3_scaling
+    import torch
+
+    from specbench.results.record import load_records
+
+    committed = torch.load(ROOT / "checkpoints/eagle3-smollm2-135m/trained.pt", map_location="cpu",
+                           weights_only=False)  # fmt: skip
+    for name, tokens in (("sft-1000", 1000), ("opd-3000", 3000), ("base-1000", 500)):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        meta = {**committed["specbench"], "train_generated_tokens": tokens, "global_step": tokens // 10}
+        torch.save({**committed, "specbench": meta}, tmp_path / "runs" / name / "trained.pt")
+    plot = tmp_path / "scaling.png"
+    code = eagle3_scaling.main([
+        "--runs", str(tmp_path / "runs"), "--per-task", "1", "--max-new-tokens", "4", "--gamma", "2",
+        "--tree", "2x2", "--dtype", "float32", "--plot", str(plot), "--out-dir", str(tmp_path / "out"),
+        "--results-dir", str(tmp_path / "results"),
+    ])  # fmt: skip
+    assert code == 0
+    ((_, record),) = load_records(tmp_path / "results")
+    rows = {row["setup"]: row for row in record["rows"]}
+    assert sorted(rows) == ["autoregressive", "opd-3000-chain-g2", "opd-3000-tree-g2-w2", "sft-1000-chain-g2",
+                            "sft-1000-tree-g2-w2"]  # base-* is the runs' common start, not a point
+    opd = rows["opd-3000-tree-g2-w2"]
+    assert opd["figures"]["train_tokens"]["value"] == 3000 and opd["figures"]["train_steps"]["value"] == 300
+    assert opd["notes"].startswith("objective opd;") and rows["sft-1000-chain-g2"]["notes"].startswith(
+        "objective sft;")
+    assert all(row["identical_outputs"] for row in record["rows"])
+    assert plot.stat().st_size > 0
+    plot.unlink()
+    record_file = next((tmp_path / "results").rglob("*.json"))
+    assert eagle3_scaling.main(["--plot-only", str(record_file), "--plot", str(plot)]) == 0
+    assert plot.stat().st_size > 0
