@@ -1,5 +1,6 @@
-"""The compiled row-invariant attention: a query's output has the same bits alone or among k queries, at the
-verify shapes, in bf16 and float32; without a compiler the row-wise attention falls back with one line."""
+"""The compiled row-invariant attention: a query's output has the same bits alone, among k queries or before
+masked keys, at the verify shapes, in bf16 and float32; without a compiler the row-wise attention falls back
+with one line."""
 
 import shutil
 
@@ -48,6 +49,41 @@ def test_each_query_gets_the_bits_it_gets_alone(dtype, queries, keys):
     tolerance = 0.02 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(block.double(), _reference(q, k, v, _causal(1, queries, keys)),
                                rtol=tolerance, atol=tolerance)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("keys", [64, 300, 700, 2048])
+@pytest.mark.parametrize("queries", [1, 3, 4, 5, 16])
+def test_a_query_alone_among_others_or_before_masked_keys_gets_the_same_bits(dtype, queries, keys):
+    """Every row count and key count of the verify shapes (blocks of 1 to 16 queries, short to long caches):
+    query j's output alone over its keys, in the block, and alone before 37 masked keys (holding anything,
+    infinities and NaN included) are the same bits."""
+    q, k, v = _qkv(queries, keys, dtype, seed=keys + queries)
+    block = exact_attention.exact_attention(q, k, v, None, 0.125)
+    junk_k, junk_v = (torch.full((1, 3, 37, 64), float("inf"), dtype=dtype) for _ in range(2))
+    junk_v[..., ::2] = float("nan")
+    for j in range(queries):
+        seen = keys - queries + j + 1
+        keys_seen, values_seen = k[:, :, :seen], v[:, :, :seen]
+        one = q[:, :, j : j + 1]
+        alone = exact_attention.exact_attention(one, keys_seen, values_seen, None, 0.125)
+        allowed = torch.zeros(1, 1, 1, seen + 37, dtype=torch.bool)
+        allowed[..., :seen] = True
+        padded_k, padded_v = torch.cat((keys_seen, junk_k), 2), torch.cat((values_seen, junk_v), 2)
+        before_masked = exact_attention.exact_attention(one, padded_k, padded_v, allowed, 0.125)
+        assert torch.equal(alone[:, 0], block[:, j]), f"query {j} of {queries} over {keys} keys"
+        assert torch.equal(before_masked, alone), f"query {j} of {queries} over {keys} keys, masked after"
+
+
+def test_head_sizes_the_kernel_does_not_take_fall_back():
+    q, k, v = _qkv(2, 40, torch.bfloat16, dim=48)
+    assert not exact_attention.supports(q, k, v)
+    assert exact_attention.supports(*_qkv(2, 40, torch.bfloat16, dim=128))
+    out, _ = row_invariant.row_invariant_sdpa(row_invariant.nn.Module(), q, k, v, None, 48**-0.5)
+    scores = q.double() @ k.double().repeat_interleave(3, 1).transpose(-1, -2) * 48**-0.5
+    allowed = _causal(1, 2, 40)
+    reference = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v.double().repeat_interleave(3, 1)
+    torch.testing.assert_close(out.double(), reference.transpose(1, 2), rtol=0.02, atol=0.02)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

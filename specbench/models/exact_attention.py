@@ -8,8 +8,9 @@ returns None after printing one line, and the row-wise attention keeps its torch
 
 Why a kernel: the torch formulation is some forty small ops per layer call, several times SDPA's time for
 one query over a few hundred keys on AMD EPYC. The kernel computes each output row with the same loop in the
-same order (fp32 dot products split into 16 fixed lanes, keys summed in index order, masked keys skipped), so
-a row gets the same bits alone or among any other rows, in bf16 and float32 alike.
+same order (fp32 dot products over 16 fixed lanes of the head dimension, the lanes added by one fixed tree,
+keys summed in index order, masked keys skipped), so a row gets the same bits alone or among any other rows,
+in bf16 and float32 alike. It reads keys and values as stored (no transposed or converted copy).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import torch
 
 SOURCE = Path(__file__).with_name("exact_attention.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
-LANES = 16  # exact_attention.c's BLOCK: the value width must be a multiple of it
+PAIR = 32  # exact_attention.c reads a head as pairs of 16-float vectors: d and dv are multiples of it
+MAX_DIM = 256  # exact_attention.c's MAX_VECS x 16: the largest query / key head size
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _I64 = ctypes.c_int64
 
@@ -93,7 +95,9 @@ def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> boo
         and value.dtype == query.dtype
         and key.stride(-1) == 1
         and value.stride(-1) == 1
-        and value.shape[-1] % LANES == 0
+        and query.shape[-1] % PAIR == 0
+        and query.shape[-1] <= MAX_DIM
+        and value.shape[-1] % PAIR == 0
     )
 
 
@@ -121,6 +125,8 @@ def exact_attention(
         key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
         *mask_strides,
     )  # fmt: skip
+    if failed == 2:
+        raise ValueError(f"exact attention: head sizes {dim} / {width}, not multiples of {PAIR} to {MAX_DIM}")
     if failed:
         raise MemoryError(f"exact attention: no memory for {batch}x{heads}x{queries} rows over {keys} keys")
     return out
