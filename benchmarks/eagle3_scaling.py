@@ -60,7 +60,7 @@ def parse_args(argv=None):
     parser.add_argument("--runs", default="runs/scaling", help="folder of scripts/train_scaling.sh's runs")
     parser.add_argument("--head", action="append", default=[], help="another trained.pt: a reference point")
     parser.add_argument("--gamma", type=int, default=3, help="chain rows: constant γ")
-    parser.add_argument("--tree", default="3x3", help="tree rows: WIDTHxGAMMA ('' for none)")
+    parser.add_argument("--tree", default="2x3", help="tree rows: WIDTHxGAMMA ('' for none)")
     parser.add_argument("--plot", default=None, help="write the plot (PNG) here")
     parser.add_argument("--plot-only", default=None, help="redraw --plot from this eagle3_scaling record")
     return parser.parse_args(argv)
@@ -91,7 +91,7 @@ def tree_shape(text: str) -> tuple[int, int] | None:
         return None
     width, _, gamma = text.partition("x")
     if not (width.isdigit() and gamma.isdigit()):
-        raise SystemExit(f"--tree wants WIDTHxGAMMA such as 3x3, got {text!r}")
+        raise SystemExit(f"--tree wants WIDTHxGAMMA such as 2x3, got {text!r}")
     return int(width), int(gamma)
 
 
