@@ -11,7 +11,19 @@ Side by side, median of repeated calls, 1 thread by default:
   built) and its torch formulation (the fallback), against transformers' SDPA with a boolean mask over the
   keys (what ``generate`` and a verification pass it).
 
+With ``--fp32``, instead: the float32 few-row products and what they make of a verification forward.
+
+- per shape and row count (1..16): ``F.linear``, the transposed product and the compiled small-linear kernel
+  (``small_linear.c``, what float32 linear layers of 1..12 rows take where it is built), taken in turn on
+  each repeat, over enough copies of the weights that they come from memory, as in a forward (the LM head
+  alone is larger than the caches); ratios to ``F.linear``'s one-row time;
+- v(n) of the embedded SmolLM2-135M-Instruct verifier in float32, n = 1..``--max-n`` new tokens after 256
+  cached ones, with the kernel on and off (off: the products before it, the LM head's transposed product for
+  2..64 rows), the two taking turns in every round; ratios to the one-row forward without the kernel and,
+  for the kernel, to its own one-row forward.
+
     python benchmarks/cpu_kernels.py --threads 1
+    python benchmarks/cpu_kernels.py --threads 1 --fp32
 """
 
 from __future__ import annotations
@@ -27,9 +39,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import benchmark_parser
+from harness import benchmark_parser, embedded_verifier, verify_ms_in_turn
 
-from specbench.models import exact_attention, row_invariant
+from specbench.models import exact_attention, row_invariant, small_linear
 from specbench.results.record import figure
 from specbench.results.run import record_run
 
@@ -39,6 +51,8 @@ SHAPES = {
 ROWS = (1, 2, 4, 8, 11)
 QUERIES = (1, 4, 16)  # the verify shapes: a block of γ + 1 rows
 KEYS = (64, 300, 700, 2048)
+FP32_ROWS = (1, 2, 3, 4, 8, 11, 12, 16)
+COLD_BYTES = 96 << 20  # weight copies cycled per timing: above the caches (32 MiB of L3 here)
 
 
 def median_ms(call, repeats: int) -> float:
@@ -77,6 +91,63 @@ def linear_rows(repeats: int) -> list[dict]:
     return rows
 
 
+def _fp32_products(weight: torch.Tensor) -> dict:
+    return {
+        "linear": F.linear,
+        "transposed": lambda x, w: (w @ x.T).T,
+        "kernel": small_linear.linear if small_linear.kernel() is not None else None,
+    }
+
+
+def fp32_linear_rows(repeats: int) -> list[dict]:
+    """float32 F.linear, transposed product and kernel per shape and rows in turn, weights from memory."""
+    rows, generator = [], torch.Generator().manual_seed(0)
+    for name, (out_features, in_features) in SHAPES.items():
+        copies = max(1, COLD_BYTES // (4 * out_features * in_features))
+        weights = [torch.randn(out_features, in_features, generator=generator) for _ in range(copies)]
+        inputs = {n: torch.randn(n, in_features, generator=generator) for n in FP32_ROWS}
+        products = {key: call for key, call in _fp32_products(weights[0]).items() if call is not None}
+        times = {(n, key): [] for n in FP32_ROWS for key in products}
+        for _ in range(min(max(repeats // copies, 5), 40) + 1):  # the first round warms up
+            for (n, key), taken in times.items():
+                begin = time.perf_counter()
+                for weight in weights:
+                    products[key](inputs[n], weight)
+                taken.append((time.perf_counter() - begin) / copies)
+        ms = {pair: 1000.0 * statistics.median(values[1:]) for pair, values in times.items()}
+        one = ms[1, "linear"]
+        for n in FP32_ROWS:
+            figures = {f"{key}_ms": figure(ms[n, key], unit="ms") for key in products}
+            figures |= {f"{key}_over_linear_1_row": figure(ms[n, key] / one, unit="x") for key in products}
+            rows.append({"setup": f"fp32 {name} {n} row(s)", "figures": figures, "identical_outputs": None})
+    return rows
+
+
+def fp32_verify_rows(rounds: int, max_n: int) -> list[dict]:
+    """v(n) of the float32 embedded verifier with the small-linear kernel off and on, in turn."""
+    verifier, _, _, vocab = embedded_verifier()
+
+    def switch(on: bool):
+        return lambda: setattr(small_linear, "ENABLED", on)
+
+    model = verifier.model
+    setups = {
+        "torch products": (model, switch(False), 256),
+        "small-linear kernel": (model, switch(True), 256),
+    }
+    ms = verify_ms_in_turn(setups, vocab, max_n, rounds)
+    small_linear.ENABLED = True
+    one, rows = ms["torch products"][0], []
+    for name, times in ms.items():
+        figures = {f"v{n + 1}": figure(round(t / one, 2)) for n, t in enumerate(times)}
+        figures |= {f"ms{n + 1}": figure(round(t, 1), unit="ms") for n, t in enumerate(times)}
+        if name != "torch products":
+            figures |= {f"own_v{n + 1}": figure(round(t / times[0], 2)) for n, t in enumerate(times)}
+        setup = f"v(n), float32 verifier, {name}"
+        rows.append({"setup": setup, "figures": figures, "identical_outputs": None})
+    return rows
+
+
 class _Attention(torch.nn.Module):
     num_key_value_groups = 3
     is_causal = True
@@ -111,9 +182,14 @@ def main(argv=None) -> int:
     parser = benchmark_parser(__doc__, threads=1)
     parser.add_argument("--repeats", type=int, default=200, help="calls timed per figure (LM head: a tenth)")
     parser.add_argument("--attention-only", action="store_true", help="time the attention rows only")
+    parser.add_argument("--fp32", action="store_true", help="the float32 products and v(n) instead")
+    parser.add_argument("--rounds", type=int, default=7, help="--fp32: v(n) rounds per setup (medians)")
+    parser.add_argument("--max-n", type=int, default=12, help="--fp32: v(n) up to this many new tokens")
     parser.add_argument("--notes", default="", help="appended to the record's notes (e.g. machine load)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.fp32:
+        return fp32_main(args)
     rows = ([] if args.attention_only else linear_rows(args.repeats)) + attention_rows(args.repeats)
     print(f"LINEAR_PRODUCT on this CPU: {row_invariant.LINEAR_PRODUCT}")
     for row in rows:
@@ -126,6 +202,23 @@ def main(argv=None) -> int:
     record_run(args, "cpu_kernels", rows, "synthetic tensors (SmolLM2-135M shapes)", len(rows),
                dtype="bfloat16,float32", threads=args.threads,
                doc="docs/engine.md#bf16-on-a-cpu-row-invariant-forwards", notes=notes)  # fmt: skip
+    return 0
+
+
+def fp32_main(args) -> int:
+    rows = fp32_linear_rows(args.repeats) + fp32_verify_rows(args.rounds, args.max_n)
+    for row in rows:
+        cells = "  ".join(f"{key} {value['value']:.3f}" for key, value in row["figures"].items()
+                          if not key.startswith("ms"))  # fmt: skip
+        print(f"{row['setup']:<44} {cells}")
+    notes = (
+        f"float32, {args.threads} thread(s); products: medians over repeats of {COLD_BYTES >> 20} MiB of "
+        f"weight copies, the forms in turn; v(n): 256 cached tokens, {args.rounds} rounds, kernel off and on "
+        f"in turn; small-linear kernel {'built' if small_linear.kernel() else 'not built'}. {args.notes}"
+    ).strip()
+    prompts = "synthetic tensors (SmolLM2-135M shapes) and random tokens"
+    record_run(args, "cpu_kernels", rows, prompts, len(rows), dtype="float32", threads=args.threads,
+               doc="docs/engine.md#verification-cost-on-a-cpu", notes=notes)  # fmt: skip
     return 0
 
 

@@ -13,7 +13,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from specbench.decoding import GenerationSettings, SpeculativeEngine
 from specbench.decoding.cache import CachedModel
 from specbench.decoding.model_drafter import ModelDrafter
-from specbench.models import ModelSpec, load_verifier, row_invariant
+from specbench.models import ModelSpec, load_verifier, row_invariant, small_linear
 from specbench.models.row_invariant import (
     MAX_TRANSPOSED_ROWS,
     ROWWISE_ATTENTION,
@@ -209,7 +209,8 @@ def test_more_bf16_rows_than_the_transposed_product_takes_keep_f_linear():
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
-def test_float32_rows_keep_f_linear_exactly():
+def test_float32_rows_keep_f_linear_exactly_without_the_small_linear_kernel(monkeypatch):
+    monkeypatch.setattr(small_linear, "kernel", lambda: None)  # with it: tests/test_small_linear.py
     torch.manual_seed(0)
     layer = nn.Linear(40, 24)
     layer.__class__ = RowInvariantLinear
@@ -343,6 +344,7 @@ def test_large_float32_blocks_take_the_transposed_product_and_small_ones_f_linea
     from specbench.models.row_invariant import FP32_TRANSPOSED_ROWS, FP32_TRANSPOSED_WEIGHT
 
     monkeypatch.setattr(row_invariant, "FP32_TRANSPOSED", True)
+    monkeypatch.setattr(small_linear, "kernel", lambda: None)  # it takes 1..12 rows first where it is built
     torch.manual_seed(0)
     large = nn.Linear(1536, FP32_TRANSPOSED_WEIGHT // 1536 + 1, bias=True)
     large.__class__ = RowInvariantLinear
@@ -358,6 +360,7 @@ def test_large_float32_blocks_take_the_transposed_product_and_small_ones_f_linea
 
 def test_without_amx_large_float32_blocks_keep_f_linear(monkeypatch):
     monkeypatch.setattr(row_invariant, "FP32_TRANSPOSED", False)
+    monkeypatch.setattr(small_linear, "kernel", lambda: None)
     large = nn.Linear(1536, row_invariant.FP32_TRANSPOSED_WEIGHT // 1536 + 1)
     large.__class__ = RowInvariantLinear
     x = torch.randn(11, 1536)

@@ -1,4 +1,7 @@
-"""The small-batch LM head: (W @ xᵀ)ᵀ for 2..64 float32 rows on a CPU, F.linear otherwise, same results."""
+"""The small-batch LM head: (W @ xᵀ)ᵀ for 2..64 float32 rows on a CPU, F.linear otherwise, same results.
+
+Where the small-linear kernel is built it takes 1..12 rows first (tests/test_small_linear.py); the tests of
+the torch products here switch it off."""
 
 import copy
 import io
@@ -10,9 +13,14 @@ from torch import nn
 
 from specbench.decoding import GenerationSettings, SpeculativeEngine
 from specbench.decoding.model_drafter import ModelDrafter
-from specbench.models import ModelSpec, load_verifier
+from specbench.models import ModelSpec, load_verifier, small_linear
 from specbench.models.small_batch_lm_head import MAX_ROWS, SmallBatchLinear, use_small_batch_lm_head
 from specbench.models.tiny import tiny_random_model
+
+
+@pytest.fixture
+def torch_products(monkeypatch):
+    monkeypatch.setattr(small_linear, "kernel", lambda: None)
 
 
 def _linear(out_features=300, in_features=48, bias=False, seed=0) -> SmallBatchLinear:
@@ -24,7 +32,7 @@ def _linear(out_features=300, in_features=48, bias=False, seed=0) -> SmallBatchL
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 2), (1, 5), (4, 3), (2, 32), (1, MAX_ROWS)])
-def test_few_rows_take_the_transposed_product_and_match_f_linear(shape, bias):
+def test_few_rows_take_the_transposed_product_and_match_f_linear(shape, bias, torch_products):
     layer = _linear(bias=bias)
     x = torch.randn(*shape, layer.in_features)
     got = layer(x)
@@ -36,7 +44,7 @@ def test_few_rows_take_the_transposed_product_and_match_f_linear(shape, bias):
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 1, 1), (1, MAX_ROWS + 1), (0, 4)])
-def test_one_row_many_rows_and_no_rows_keep_f_linear_exactly(shape):
+def test_one_row_many_rows_and_no_rows_keep_f_linear_exactly(shape, torch_products):
     layer = _linear(bias=True)
     x = torch.randn(*shape, layer.in_features)
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))

@@ -48,21 +48,36 @@ def _compiler() -> str | None:
     return shutil.which(chosen) if chosen else (shutil.which("cc") or shutil.which("gcc"))
 
 
-def _build(compiler: str) -> Path:
-    text = SOURCE.read_bytes()
+def _build(compiler: str, source: Path = SOURCE) -> Path:
+    text = source.read_bytes()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256(text + version.encode() + _cpu_flags().encode() + " ".join(FLAGS).encode())
     folder = Path(os.environ.get("SPECBENCH_KERNEL_DIR") or Path.home() / ".cache" / "specbench" / "kernels")
-    target = folder / f"exact_attention-{key.hexdigest()[:16]}.so"
+    target = folder / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         built = Path(scratch) / target.name
-        subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], check=True,
+        subprocess.run([compiler, *FLAGS, "-o", str(built), str(source), "-lm"], check=True,
                        capture_output=True, text=True)  # fmt: skip
         os.replace(built, target)  # atomic: concurrent builders each land a whole file
     return target
+
+
+def load_compiled(source: Path, what: str, instead: str) -> ctypes.CDLL | None:
+    """``source`` built (:func:`_build`) and loaded, or None after one line on stderr: "specbench: ``what``
+    kernel not built (why); ``instead`` (install gcc to build it)". Shared by the compiled kernels."""
+    compiler = _compiler()
+    try:
+        if compiler is None:
+            raise FileNotFoundError("no C compiler (cc / gcc / $CC) on PATH")
+        return ctypes.CDLL(str(_build(compiler, source)))
+    except (OSError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", None) or error
+        print(f"specbench: {what} kernel not built ({str(detail).strip().splitlines()[0]}); {instead} "
+              "(install gcc to build it)", file=sys.stderr)  # fmt: skip
+        return None
 
 
 @cache
@@ -70,16 +85,9 @@ def kernel() -> ctypes.CDLL | None:
     """The loaded kernel, or None (one line on stderr says why) where it cannot be built here."""
     if os.environ.get("SPECBENCH_EXACT_ATTENTION", "").strip().lower() == "torch":
         return None
-    compiler = _compiler()
-    try:
-        if compiler is None:
-            raise FileNotFoundError("no C compiler (cc / gcc / $CC) on PATH")
-        library = ctypes.CDLL(str(_build(compiler)))
-    except (OSError, subprocess.CalledProcessError) as error:
-        detail = getattr(error, "stderr", None) or error
-        print(f"specbench: exact attention kernel not built ({str(detail).strip().splitlines()[0]}); "
-              "the row-wise attention uses its slower torch formulation (install gcc to build it)",
-              file=sys.stderr)  # fmt: skip
+    instead = "the row-wise attention uses its slower torch formulation"
+    library = load_compiled(SOURCE, "exact attention", instead)
+    if library is None:
         return None
     function = library.exact_attention
     function.restype = ctypes.c_int

@@ -112,7 +112,7 @@ def _finish(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) ->
     model.to(device=device, dtype=dtype)
     model.eval()
     model.requires_grad_(False)
-    use_row_invariant_forwards(model)  # a no-op off the CPU and in float32 (checked per call)
+    use_row_invariant_forwards(model)  # bf16 / fp16 CPU; few float32 CPU rows: small_linear (per call)
     use_small_batch_lm_head(model)  # a no-op off the CPU or outside float32 (checked per call)
     return model
 

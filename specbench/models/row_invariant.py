@@ -18,8 +18,10 @@ near-tied tokens flips. Measured on the embedded SmolLM2-135M on this project's 
   :func:`row_invariant_sdpa` (attention implementation ``sdpa_rowwise``) computes attention from matrix
   products that are row-invariant, for one query and for blocks alike.
 
-float32 keeps the plain kernels (its outputs are already identical in the engine's tests), and nothing
-changes off the CPU. Prefills longer than :data:`MAX_ROWWISE_QUERIES` keep SDPA: the prompt is computed the
+float32 is not made row-invariant as a whole (its outputs are already identical in the engine's tests), but
+its linear layers of 1..12 rows on one thread take :mod:`specbench.models.small_linear`'s kernel, for speed,
+which is row-invariant too; nothing changes off the CPU.
+Prefills longer than :data:`MAX_ROWWISE_QUERIES` keep SDPA: the prompt is computed the
 same way in both decodings.
 """
 
@@ -34,7 +36,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from specbench.models import exact_attention
+from specbench.models import exact_attention, small_linear
 
 ROWWISE_ATTENTION = "sdpa_rowwise"
 MAX_ROWWISE_QUERIES = 32  # a verification block is γ + 1 rows; longer blocks are prefills
@@ -87,9 +89,13 @@ class RowInvariantLinear(nn.Linear):
     SmolLM2-135M's shapes (the LM head: 2.6 ms against 4.6–7 ms for 2–11 rows); on AMD EPYC ``F.linear`` of
     two or more rows gives a row the same bits and costs 0.6x the transposed product (the LM head 8.6 ms
     against 10.7 ms, the MLP 0.08 ms against 0.16 ms for two rows). float32 blocks of 7..64 rows on large
-    weights take the transposed product for speed alone, on CPUs with AMX (:data:`FP32_TRANSPOSED_ROWS`)."""
+    weights take the transposed product for speed alone, on CPUs with AMX (:data:`FP32_TRANSPOSED_ROWS`);
+    before that, 1..12 float32 rows on one thread take the compiled small-linear kernel where it is built
+    (:mod:`specbench.models.small_linear`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if small_linear.applies(x, self.weight, self.bias):  # float32, 1..12 rows, 1 thread: the C kernel
+            return small_linear.linear(x, self.weight, self.bias)
         width = x.shape[-1]
         rows = x.numel() // width if width else 0
         if 1 <= rows <= MAX_TRANSPOSED_ROWS and x.dtype in REDUCED and x.device.type == "cpu":
@@ -215,7 +221,8 @@ def use_row_invariant_forwards(model: nn.Module) -> int:
 
     Only classes change (plain ``nn.Linear`` → :class:`RowInvariantLinear`; a subclass such as the
     small-batch LM head handles this itself), so parameters, tied weights, state dicts and hooks stay as
-    they were. Both act only on bf16 / fp16 CPU tensors, checked per call, so a later ``.to()`` is fine.
+    they were. Both act on bf16 / fp16 CPU tensors (the linear layers also on few float32 CPU rows, through
+    the small-linear kernel), checked per call, so a later ``.to()`` is fine.
     Returns the number of linear layers changed."""
     changed = 0
     for sub in model.modules():
