@@ -13,10 +13,11 @@ Side by side, median of repeated calls, 1 thread by default:
 
 With ``--fp32``, instead: the float32 few-row products and what they make of a verification forward.
 
-- per shape and row count (1..16): ``F.linear``, the transposed product and the compiled small-linear kernel
-  (``small_linear.c``, what float32 linear layers of 1..12 rows take where it is built), taken in turn on
-  each repeat, over enough copies of the weights that they come from memory, as in a forward (the LM head
-  alone is larger than the caches); ratios to ``F.linear``'s one-row time;
+- per shape and row count (1..16): ``F.linear``, the transposed product, ``addmm``, ``bmm``, ``einsum``,
+  ``mv`` per row and the compiled small-linear kernel (``small_linear.c``, what float32 linear layers of
+  1..12 rows take where it is built), taken in turn on each repeat, over enough copies of the weights that
+  they come from memory, as in a forward (the LM head alone is larger than the caches); ratios to
+  ``F.linear``'s one-row time;
 - v(n) of the embedded SmolLM2-135M-Instruct verifier in float32, n = 1..``--max-n`` new tokens after 256
   cached ones, with the kernel on and off (off: the products before it, the LM head's transposed product for
   2..64 rows), the two taking turns in every round; ratios to the one-row forward without the kernel and,
@@ -91,10 +92,15 @@ def linear_rows(repeats: int) -> list[dict]:
     return rows
 
 
-def _fp32_products(weight: torch.Tensor) -> dict:
+def _fp32_products() -> dict:
+    """The float32 forms of ``x @ wᵀ`` that ``--fp32`` times: torch's, then the kernel where it is built."""
     return {
         "linear": F.linear,
         "transposed": lambda x, w: (w @ x.T).T,
+        "addmm": lambda x, w: torch.addmm(w.new_zeros(w.shape[0]), x, w.T),
+        "bmm": lambda x, w: torch.bmm(x[None], w.T[None])[0],
+        "einsum": lambda x, w: torch.einsum("mk,jk->mj", x, w),
+        "mv_per_row": lambda x, w: torch.stack([torch.mv(w, row) for row in x]),
         "kernel": small_linear.linear if small_linear.kernel() is not None else None,
     }
 
@@ -106,7 +112,7 @@ def fp32_linear_rows(repeats: int) -> list[dict]:
         copies = max(1, COLD_BYTES // (4 * out_features * in_features))
         weights = [torch.randn(out_features, in_features, generator=generator) for _ in range(copies)]
         inputs = {n: torch.randn(n, in_features, generator=generator) for n in FP32_ROWS}
-        products = {key: call for key, call in _fp32_products(weights[0]).items() if call is not None}
+        products = {key: call for key, call in _fp32_products().items() if call is not None}
         times = {(n, key): [] for n in FP32_ROWS for key in products}
         for _ in range(min(max(repeats // copies, 5), 40) + 1):  # the first round warms up
             for (n, key), taken in times.items():
