@@ -6,7 +6,8 @@ Every ``RUNS/<name>/trained.pt`` whose name starts with ``sft-`` or ``opd-`` (wh
 a chain of ``--gamma`` drafts and as a ``--tree`` (WIDTHxGAMMA), interleaved with autoregressive decoding in
 one process (``harness.run_all``). ``--head`` adds other heads (the committed one, say) as reference points.
 Each row records the head's training tokens (``train_tokens``: the generated tokens of the rows it trained
-on), its steps and objective, so the record alone redraws the plot: ``--plot-only RECORD`` does that.
+on), its steps and objective, so the record alone redraws the plot: ``--plot-only RECORD...`` does that,
+and draws the rows of several records (heads evaluated in separate runs) as one curve.
 Greedy outputs must equal autoregressive decoding's (exit 1 otherwise).
 
     python benchmarks/eagle3_scaling.py --runs runs/scaling --dtype bfloat16 --per-task 3 \
@@ -62,7 +63,8 @@ def parse_args(argv=None):
     parser.add_argument("--gamma", type=int, default=3, help="chain rows: constant γ")
     parser.add_argument("--tree", default="2x3", help="tree rows: WIDTHxGAMMA ('' for none)")
     parser.add_argument("--plot", default=None, help="write the plot (PNG) here")
-    parser.add_argument("--plot-only", default=None, help="redraw --plot from this eagle3_scaling record")
+    parser.add_argument("--plot-only", nargs="+", default=None, metavar="RECORD",
+                        help="redraw --plot from these eagle3_scaling records (their rows on one plot)")
     return parser.parse_args(argv)
 
 
@@ -125,27 +127,34 @@ def annotate(rows: list[dict], owner: dict[str, Head]) -> list[dict]:
     return rows
 
 
-def plot(record: dict, path: Path) -> None:
+def curve_lines(records: list[dict]) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """(objective, shape) -> sorted (training tokens, τ) points of every head row in ``records`` (records of
+    one curve taken in several runs, e.g. sizes trained in different sessions, plot as one)."""
+    lines: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for record in records:
+        for row in record["rows"]:
+            figures, notes = row["figures"], row.get("notes", "")
+            if "train_tokens" not in figures or "tau" not in figures:
+                continue
+            objective = notes.split(";")[0].removeprefix("objective ").strip()
+            shape = "tree" if "-tree-" in row["setup"] else "chain"
+            point = (figures["train_tokens"]["value"], figures["tau"]["value"])
+            lines.setdefault((objective, shape), []).append(point)
+    return {key: sorted(set(points)) for key, points in lines.items()}
+
+
+def plot(records: list[dict], path: Path) -> None:
     """τ against training tokens (log x): a line per objective and shape, reference heads as stars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for row in record["rows"]:
-        figures, notes = row["figures"], row.get("notes", "")
-        if "train_tokens" not in figures or "tau" not in figures:
-            continue
-        objective = notes.split(";")[0].removeprefix("objective ").strip()
-        shape = "tree" if "-tree-" in row["setup"] else "chain"
-        point = (figures["train_tokens"]["value"], figures["tau"]["value"])
-        lines.setdefault((objective, shape), []).append(point)
+    lines = curve_lines(records)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     styles = {"sft": ("tab:blue", "SFT"), "opd": ("tab:orange", "on-policy (OPD)"), "reference": ("0.3", "")}
     for (objective, shape), points in sorted(lines.items()):
         color, name = styles.get(objective, ("tab:green", objective))
-        points.sort()
         xs, ys = zip(*points)
         if objective == "reference":
             marker = "*" if shape == "chain" else "P"
@@ -155,7 +164,7 @@ def plot(record: dict, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("target tokens trained on (log scale)")
     ax.set_ylabel("τ (tokens per verifier forward)")
-    machine = record["machine"]
+    machine = records[0]["machine"]
     ax.set_title(f"EAGLE-3 head on SmolLM2-135M: held-out Spec-Bench, greedy, {machine['dtype']}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -169,8 +178,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.plot_only:
         if not args.plot:
-            raise SystemExit("--plot-only RECORD needs --plot PNG")
-        plot(json.loads(Path(args.plot_only).read_text()), Path(args.plot))
+            raise SystemExit("--plot-only RECORD... needs --plot PNG")
+        plot([json.loads(Path(r).read_text()) for r in args.plot_only], Path(args.plot))
         return 0
     heads = scaling_heads(Path(args.runs), args.head)
     if not heads:
@@ -197,7 +206,7 @@ def main(argv=None) -> int:
     path = record_run(args, "eagle3_scaling", rows, "spec_bench heldout (first turn)", len(questions),
                       device=str(verifier.model.device), dtype=dtype, threads=args.threads)  # fmt: skip
     if args.plot and path is not None:
-        plot(json.loads(Path(path).read_text()), Path(args.plot))
+        plot([json.loads(Path(path).read_text())], Path(args.plot))
     return 0 if all_identical(figures) else 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -243,3 +244,12 @@ def test_scaling_benchmark_records_tau_against_training_tokens_and_redraws_the_p
     record_file = next((tmp_path / "results").rglob("*.json"))
     assert eagle3_scaling.main(["--plot-only", str(record_file), "--plot", str(plot)]) == 0
     assert plot.stat().st_size > 0
+    # a curve measured in two runs (sizes trained in different sessions) draws as one line per objective
+    later = json.loads(json.dumps(record))
+    for row in later["rows"]:
+        if "train_tokens" in row["figures"]:
+            row["figures"]["train_tokens"]["value"] *= 100
+    lines = eagle3_scaling.curve_lines([record, later])
+    assert lines[("opd", "tree")] == [(3000, opd["figures"]["tau"]["value"]),
+                                      (300000, opd["figures"]["tau"]["value"])]
+    assert [tokens for tokens, _ in lines[("sft", "chain")]] == [1000, 100000]
