@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from specbench import evaluation
-from specbench.decoding import DraftSchedule, GenerationSettings, VerificationRule
+from specbench.decoding import DraftSchedule, GenerationSettings, VerificationRule, cost_cache
 from specbench.decoding.cost import CostProfile
 from specbench.decoding.cost_aware import CostAwareSchedule
 from specbench.decoding.cost_cache import cache_root, cached_profile, profile_identity, profile_path
@@ -95,3 +96,25 @@ def test_the_identity_names_what_changes_a_forwards_cost():
     assert identity["threads"] == torch.get_num_threads() and identity["machine"]["cores"] >= 1
     assert identity["verifier_parameters"] == sum(p.numel() for p in verifier.model.parameters())
     json.dumps(identity)  # stored as JSON
+
+
+def test_a_profile_timed_with_other_cpu_kernels_is_not_reused(tmp_path, monkeypatch):
+    """v(n) moves with the products a forward runs through: a profile timed with the few-row float32 kernel
+    is not read back once the kernel is switched off (or its source changes), and the reverse."""
+    from specbench.models import small_linear
+
+    if small_linear.kernel() is None:
+        pytest.skip("no C compiler here: the few-row float32 kernel is not built")
+    verifier = load_verifier(ModelSpec(kind="tiny_random", seed=0), "cpu", "float32")
+    with_kernel = profile_identity(verifier, None, 4, 256)
+    assert with_kernel["kernels"] == cost_cache.kernels_identity()
+    assert len(with_kernel["kernels"]["small_linear"]) == 12  # the C source's hash
+    monkeypatch.setattr(small_linear, "ENABLED", False)
+    without = profile_identity(verifier, None, 4, 256)
+    assert without["kernels"]["small_linear"] is None
+    measure = Counting()
+    cached_profile(with_kernel, measure, root=tmp_path)
+    _, path, hit = cached_profile(without, measure, root=tmp_path)
+    assert not hit and measure.calls == 2 and path != profile_path(with_kernel, tmp_path)
+    edited = {**with_kernel, "kernels": {**with_kernel["kernels"], "small_linear": "0" * 12}}
+    assert not cached_profile(edited, measure, root=tmp_path)[2] and measure.calls == 3

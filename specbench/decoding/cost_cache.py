@@ -44,9 +44,29 @@ def machine_identity(device: str) -> dict[str, Any]:
     return identity
 
 
+def kernels_identity() -> dict[str, Any]:
+    """The CPU products a forward runs through: each compiled kernel's source hash where it loads here (None
+    where it does not, or is switched off) and the bf16 linear product. A faster kernel changes v(n), so a
+    profile timed before it is not reused after."""
+    from specbench.models import exact_attention, small_linear
+    from specbench.models.row_invariant import LINEAR_PRODUCT
+
+    def source(module: Any, enabled: bool = True) -> str | None:
+        if not enabled or module.kernel() is None:
+            return None
+        return hashlib.sha256(module.SOURCE.read_bytes()).hexdigest()[:12]
+
+    return {
+        "small_linear": source(small_linear, small_linear.ENABLED),
+        "exact_attention": source(exact_attention),
+        "linear_product": LINEAR_PRODUCT,
+    }
+
+
 def profile_identity(verifier: Any, drafter: Any, max_n: int, context_len: int) -> dict[str, Any]:
     """Everything a cached profile must agree with: the machine, the verifier (name, size, dtype, device),
-    the drafter (its ``describe()``), torch's thread count, ``max_n`` and the context length timed."""
+    the drafter (its ``describe()``), torch's thread count, the CPU kernels (:func:`kernels_identity`),
+    ``max_n`` and the context length timed."""
     import torch
 
     model = verifier.model
@@ -55,6 +75,7 @@ def profile_identity(verifier: Any, drafter: Any, max_n: int, context_len: int) 
     return {
         "machine": machine_identity(device),
         "threads": torch.get_num_threads(),
+        "kernels": kernels_identity() if device == "cpu" else None,
         "device": device,
         "dtype": str(model.dtype).removeprefix("torch."),
         "verifier": verifier.name,
