@@ -12,10 +12,13 @@
 #   opd-N       on-policy distillation for S/2 steps from base-N's head (lr 1e-4)
 # so sft-N and opd-N differ only in the objective of their last S/2 steps: S steps each, the same compute
 # counters (docs/training.md#training-compute). ttt_steps 4 unrolls the chain past the γ 3 the curve measures.
-# Every run reads one feature cache (built by the first run, reused by the others; delete it after the corpus
-# grows), drops the rows that overlap held-out questions, validates on the corpus' own validation split and
-# ships the best validation step (train.select_by). A finished run (trained.pt present) is skipped; an
-# unfinished one resumes its last.ckpt, so the script can be killed and rerun at any point.
+# Every run reads one feature cache, which holds the rows some run needed: the first run of a size passes its
+# budget's rows through the verifier, a larger size adds only the rows missing (delete it after the corpus
+# grows). So the small sizes train without waiting for the whole corpus' pass (about 1.9 M tokens, over an hour
+# on two cores), and sizes can run in separate sessions. Every run drops the rows that overlap held-out
+# questions, validates on the corpus' own validation split and ships the best validation step
+# (train.select_by). A finished run (trained.pt present) is skipped; an unfinished one resumes its last.ckpt,
+# so the script can be killed and rerun at any point.
 # The curve: python benchmarks/eagle3_scaling.py --runs runs/scaling ... (docs/eagle3.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."

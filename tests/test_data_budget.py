@@ -4,8 +4,10 @@ are left out."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from helpers import compose_config
@@ -99,16 +101,22 @@ def test_eagle3_training_reads_only_the_budget_and_the_whole_validation_split(ve
 
 
 def test_every_budget_reads_one_feature_cache(verifier, synth_dir, tmp_path):
-    modules = []
+    """The small budget's run passes only its rows through the verifier; the whole corpus' run then computes
+    the rest into the same cache."""
+    modules, covered = [], []
     for tokens in (60, None):  # a budget, then the whole corpus, on the same cache
         cfg = train_cfg(synth_dir, tmp_path, data_tokens=tokens, data_seed=0, drop_heldout_overlap=False,
                         val_prompts=0, draft_vocab_size=40)  # fmt: skip
         module, datamodule = build_training("eagle3", cfg, verifier, VOCAB, [EOS_ID], PAD_ID)
         datamodule.prepare_data()
-        datamodule.setup("fit")  # builds the cache the first time, opens it the second
+        datamodule.setup("fit")  # builds the budget's rows the first time, adds the others the second
         row = datamodule.rows("train")[0]
         assert "target_values" in row  # read from the cache
         modules.append(module)
+        covered.append(np.load(Path(cfg.train.feature_cache) / "train-covered.npy"))
+    budget_cfg = train_cfg(synth_dir, tmp_path, data_tokens=60, data_seed=0, drop_heldout_overlap=False)
+    picked = training_rows(load_synthetic(str(synth_dir))[0]["train"], verifier.tokenizer, budget_cfg.train)
+    assert np.flatnonzero(covered[0]).tolist() == picked.rows and covered[1].all()
     assert modules[0].metadata()["train_rows_used"] < len(load_synthetic(str(synth_dir))[0]["train"])
     assert torch.equal(modules[0].head.vocab.draft_ids, modules[1].head.vocab.draft_ids)
 

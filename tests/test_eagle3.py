@@ -47,12 +47,8 @@ from specbench.training.eagle3 import (
     ttt_chains,
     ttt_loss,
 )
-from specbench.training.features import (
-    FeatureCacheMismatch,
-    build_feature_cache,
-    cache_identity,
-    open_feature_cache,
-)
+from specbench.training.feature_build import build_feature_cache
+from specbench.training.features import FeatureCacheMismatch, cache_identity, open_feature_cache
 from specbench.training.objectives import build_training
 from specbench.training.trainer import build_trainer, export_trained, last_checkpoint
 
@@ -451,6 +447,54 @@ def test_feature_cache_holds_the_verifier_pass_and_refuses_other_verifiers_and_d
         build_feature_cache(tmp_path, verifier, data, (2, 3, 5), targets, PAD_ID)
     with pytest.raises(FeatureCacheMismatch, match="other targets"):
         build_feature_cache(tmp_path, verifier, data, taps, TargetSpec(vocab, top_k=4), PAD_ID)
+
+
+def test_a_cache_built_for_some_rows_is_extended_by_a_run_that_needs_more(verifier, data, tmp_path,
+                                                                         monkeypatch):
+    """A budget's cache holds its rows only; a larger budget computes just the rows missing into the same
+    files (the rows already there untouched), a killed extension leaves the cache as it was, and a row that
+    was never computed is refused, not read as zeros."""
+    from specbench.training import feature_build
+
+    rows = data["train"]
+    vocab = DraftVocab.from_rows(zip(rows["input_ids"], rows["loss_mask"]), 40, VOCAB)
+    taps, targets = (2, 4), TargetSpec(vocab, top_k=8)
+
+    def build(folder, wanted=targets, **options):
+        options = {"batch_size": 2, "log": lambda _: None, **options}
+        return build_feature_cache(tmp_path / folder, verifier, data, taps, wanted, PAD_ID, **options)
+
+    whole = build("whole")
+    part = build("part", rows={"train": [0, 2]})
+    assert part["train"].covered.tolist() == [i in (0, 2) for i in range(len(rows))]
+    assert part["validation"].covered.all()  # the validation split is always whole
+    with pytest.raises(FeatureCacheMismatch, match="train row 1 is not cached"):
+        part["train"].row(1)
+    first = {k: v.clone() for k, v in part["train"].row(0).items()}
+    for key, value in whole["train"].row(2).items():
+        torch.testing.assert_close(part["train"].row(2)[key].float(), value.float(), rtol=1e-2, atol=1e-2)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(feature_build, "verifier_targets", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build("part", rows={"train": [1]})
+    monkeypatch.undo()
+    reopened = open_feature_cache(tmp_path / "part", cache_identity(verifier, data, taps, targets))
+    assert reopened["train"].covered.tolist() == part["train"].covered.tolist()  # nothing half-marked
+    logged = []
+    grown = build("part", rows={"train": [0, 1]}, log=logged.append)
+    assert any("computing 1 rows it lacks" in line for line in logged)
+    assert grown["train"].covered.tolist() == [i in (0, 1, 2) for i in range(len(rows))]
+    for key, value in whole["train"].row(1).items():
+        torch.testing.assert_close(grown["train"].row(1)[key].float(), value.float(), rtol=1e-2, atol=1e-2)
+    assert all(torch.equal(grown["train"].row(0)[k], v) for k, v in first.items())  # untouched
+    stamp = (tmp_path / "part" / "features.json").stat().st_mtime_ns
+    build("part", rows={"train": [1]})
+    assert (tmp_path / "part" / "features.json").stat().st_mtime_ns == stamp  # covered: nothing recomputed
+    with pytest.raises(FeatureCacheMismatch, match="extend it with the run that built it"):
+        build("part", wanted=None)  # a DFlash run (no targets) needing every row
 
 
 # --- checkpoints in the EAGLE / SpecForge layout -----------------------------------------------------------

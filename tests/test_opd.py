@@ -195,7 +195,7 @@ def test_a_short_opd_run_lowers_the_loss_and_raises_the_rollout_acceptance(verif
     batch = batch_of(rows, verifier, head.taps, head.vocab)
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3)
     first = opd_loss(head, batch, 3)
-    for _ in range(25):
+    for _ in range(40):  # 25 steps gave 0.702x on an AVX2-only CPU: too close to the bound
         out = opd_loss(head, batch, 3)
         optimizer.zero_grad()
         out["loss"].backward()

@@ -33,7 +33,8 @@ from specbench.models.draft_vocab import DraftVocab, draft_vocab_for, vocab_meta
 from specbench.training.batches import predict_positions, verifier_batch
 from specbench.training.data_budget import training_rows
 from specbench.training.dflash_init import init_from_verifier, starting_weights
-from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
+from specbench.training.feature_build import build_feature_cache
+from specbench.training.features import FeatureCache, cache_identity, open_feature_cache
 from specbench.training.opd import objective_module, objective_settings
 from specbench.training.synth_data import SyntheticDataModule
 from specbench.training.trainer import VerifierTraining, train_option
@@ -336,6 +337,7 @@ def build_dflash_training(
             return build_feature_cache(
                 cache_dir, verifier, data, taps, None, pad_id,
                 batch_size=int(train_option(train, "feature_batch_size", 8)), read=taps,
+                rows={"train": chosen.rows},
             )  # fmt: skip
 
     gamma = train_option(train, "dflash_loss_gamma", None)

@@ -299,7 +299,8 @@ def feature_cache_for(
     stores them too (it reads none), so the SD² run of the same data and settings reuses its cache, and
     the other way round."""
     from specbench.models.taps import check_taps
-    from specbench.training.features import build_feature_cache, cache_identity, open_feature_cache
+    from specbench.training.feature_build import build_feature_cache
+    from specbench.training.features import cache_identity, open_feature_cache
 
     train = cfg.train
     directory = str(train.feature_cache)

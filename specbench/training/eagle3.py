@@ -33,7 +33,8 @@ from specbench.drafters.eagle3.head import Eagle3Head, compact, resolve_taps
 from specbench.models.draft_vocab import draft_vocab_for, vocab_metadata
 from specbench.training.batches import TargetSpec, dense_targets, verifier_batch
 from specbench.training.data_budget import training_rows
-from specbench.training.features import FeatureCache, build_feature_cache, cache_identity, open_feature_cache
+from specbench.training.feature_build import build_feature_cache
+from specbench.training.features import FeatureCache, cache_identity, open_feature_cache
 from specbench.training.opd import objective_module, objective_settings
 from specbench.training.synth_data import SyntheticDataModule, collate_cached
 from specbench.training.trainer import VerifierTraining, train_option
@@ -316,7 +317,8 @@ def build_eagle3_training(
 
         def cache() -> FeatureCache:
             size = int(train_option(train, "feature_batch_size", 8))
-            return build_feature_cache(cache_dir, verifier, data, taps, targets, pad_id, batch_size=size)
+            return build_feature_cache(cache_dir, verifier, data, taps, targets, pad_id, batch_size=size,
+                                       rows={"train": chosen.rows})  # a budget's rows: the rest can wait
 
     steps = int(train_option(train, "ttt_steps", TTT_STEPS))
     objective = objective_settings(cfg, init_head, steps, METHOD)

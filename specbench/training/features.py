@@ -14,26 +14,24 @@ the targets packed as the cache stores them (one row per response-predicting pos
 :func:`~specbench.training.batches.verifier_batch` scatters them to (B, T, ·) as the EAGLE-3 loss reads them.
 ``train.feature_cache=DIR`` stores them once (bf16) so that a training step runs only the drafter (EAGLE-3
 heads, and distill / SD² drafters: :mod:`specbench.training.synth_data` gives the batches);
-:func:`open_feature_cache` reuses a directory only when it was made by the same verifier (name, weights
-fingerprint, tokenizer hash) from the same data, with the requested taps (a superset is fine: an SD² run may
-read other layers of one cache, a distillation run none) and the same targets (draft vocabulary and top-k);
-otherwise it stops with a message naming the difference.
+:mod:`specbench.training.feature_build` writes the rows a run asks for and extends the cache when a later
+run needs more. :func:`open_feature_cache` reuses a directory only when it was made by the same verifier
+(name, weights fingerprint, tokenizer hash) from the same data, with the requested taps (a superset is fine:
+an SD² run may read other layers of one cache, a distillation run none) and the same targets (draft
+vocabulary and top-k); otherwise it stops with a message naming the difference.
 
 Layout of DIR: ``features.json`` (identity + sizes, written last: a directory without it is rebuilt),
 per split ``{split}-offsets.npy`` (row offsets into tokens and targets), ``{split}-tap{i}.bf16`` (tokens,
-H), ``{split}-target-values.bf16`` (targets, K), ``{split}-target-index.i32`` (top-k only) and
-``{split}-target-in-vocab.u8``. bf16 is stored as its 16 raw bits and read with ``numpy.memmap``, so
-DataLoader workers share the pages.
+H), ``{split}-target-values.bf16`` (targets, K), ``{split}-target-index.i32`` (top-k only),
+``{split}-target-in-vocab.u8`` and ``{split}-covered.npy`` (the rows written; absent: every row). bf16 is
+stored as its 16 raw bits and read with ``numpy.memmap``, so DataLoader workers share the pages.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specbench.training.batches import TargetSpec, pad_batch, verifier_targets
+from specbench.training.batches import TargetSpec
 
 FORMAT = "specbench-features"
 VERSION = 1
@@ -150,6 +148,12 @@ def check_identity(saved: dict, wanted: CacheIdentity, directory: Path) -> None:
 # --- the cache -----------------------------------------------------------------------------------------
 
 
+def covered_path(directory: Path, split: str) -> Path:
+    """The split's bool mask of the rows whose features are written (absent: every row, as in a cache built
+    whole)."""
+    return Path(directory) / f"{split}-covered.npy"
+
+
 def _bf16_bits(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy()
 
@@ -173,6 +177,8 @@ class FeatureSplit:
         self.taps = tuple(taps)
         offsets = np.load(self.directory / f"{split}-offsets.npy")
         self.token_offsets, self.target_offsets = offsets[0], offsets[1]
+        covered = covered_path(self.directory, split)
+        self.covered = np.load(covered) if covered.is_file() else np.ones(len(offsets[0]) - 1, dtype=bool)
         self._maps: dict[str, np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -214,6 +220,11 @@ class FeatureSplit:
         return self._maps
 
     def row(self, index: int) -> dict[str, torch.Tensor]:
+        if not self.covered[index]:
+            raise FeatureCacheMismatch(
+                f"feature cache {str(self.directory)!r}: {self.split} row {index} is not cached (the cache "
+                "was built for a smaller train.data_tokens); build_feature_cache with these rows extends it"
+            )
         maps = self._open()
         start, end = int(self.token_offsets[index]), int(self.token_offsets[index + 1])
         out = {}
@@ -260,139 +271,6 @@ def open_feature_cache(
         )
     check_identity(meta["identity"], wanted, directory)
     return FeatureCache(directory, meta, taps if taps is not None else wanted.taps)
-
-
-def build_feature_cache(
-    directory: str | Path,
-    verifier: Any,
-    data: Any,
-    taps: Sequence[int],
-    targets: TargetSpec | None,
-    pad_id: int,
-    batch_size: int = 8,
-    log: Callable[[str], None] = print,
-    read: Sequence[int] | None = None,
-) -> FeatureCache:
-    """Run the verifier once over every row of ``data`` and write the cache (see the module docstring);
-    an existing cache that serves these ``taps`` and ``targets`` is opened instead. ``read``: the taps the
-    returned cache's rows hold, in this order (default: ``taps``; a subset, e.g. none for a distillation
-    run that stores SD²'s taps for a later run).
-
-    Rows are batched by length (little padding); files are written under ``DIR/.partial`` and moved into
-    place, ``features.json`` last, so an interrupted build leaves no cache that looks complete."""
-    directory = Path(directory).expanduser()
-    requested = tuple(int(t) for t in taps)
-    reading = requested if read is None else tuple(int(t) for t in read)
-    wanted = cache_identity(verifier, data, requested, targets)
-    existing = open_feature_cache(directory, wanted, reading)
-    if existing is not None:
-        return existing
-    partial = directory / ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    model = verifier.model
-    hidden = int(model.config.hidden_size)
-    width = targets.width if targets is not None else 0
-    rows, started = {}, time.perf_counter()
-    for split in SPLITS:
-        if split in data:
-            writer = _SplitWriter(partial, split, data[split], hidden, wanted.taps, targets)
-            rows[split] = writer.write(model, pad_id, batch_size, log, started)
-    for path in partial.iterdir():
-        os.replace(path, directory / path.name)
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "identity": wanted.to_dict(),
-        "rows": rows,
-        "hidden_size": hidden,
-        "target_width": width,
-        "targets": targets.identity() if targets else None,
-        "dtype": "bfloat16",
-        "build_seconds": round(time.perf_counter() - started, 1),
-    }
-    (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    partial.rmdir()
-    log(f"feature cache written to {directory} ({meta['build_seconds']} s)")
-    return FeatureCache(directory, meta, reading)
-
-
-class _SplitWriter:
-    """One split's cache files under ``partial``: the offsets, a memmap per tap and, with ``targets``, the
-    packed target values, in-vocabulary flags and (top-k) indices."""
-
-    def __init__(self, partial: Path, split: str, table: Any, hidden: int, taps: Sequence[int], targets):
-        self.split, self.table, self.hidden, self.taps, self.targets = (
-            split, table, hidden, tuple(taps), targets
-        )  # fmt: skip
-        self.tokens, self.n_targets = _row_sizes(table)
-        self.offsets = np.stack(
-            [np.concatenate([[0], np.cumsum(self.tokens)]), np.concatenate([[0], np.cumsum(self.n_targets)])]
-        )
-        np.save(partial / f"{split}-offsets.npy", self.offsets)
-        self.total_tokens, self.total_targets = int(self.offsets[0, -1]), int(self.offsets[1, -1])
-        self.tap_maps = {
-            t: np.memmap(
-                partial / f"{split}-tap{t}.bf16", np.int16, "w+", shape=(max(self.total_tokens, 1), hidden)
-            )
-            for t in self.taps
-        }
-        self.values = self.in_vocab = self.index = None
-        if targets is not None:
-            shape = (max(self.total_targets, 1), targets.width)
-            self.values = np.memmap(partial / f"{split}-target-values.bf16", np.int16, "w+", shape=shape)
-            self.in_vocab = np.memmap(
-                partial / f"{split}-target-in-vocab.u8", np.uint8, "w+", shape=(shape[0],)
-            )
-            if targets.top_k:
-                self.index = np.memmap(partial / f"{split}-target-index.i32", np.int32, "w+", shape=shape)
-
-    def write(
-        self, model: Any, pad_id: int, batch_size: int, log: Callable[[str], None], started: float
-    ) -> dict:
-        """Run the verifier over the split's rows, batched by length; the split's row/token/target counts."""
-        order = np.argsort(self.tokens, kind="stable")
-        for first in range(0, len(order), batch_size):
-            chosen = [int(i) for i in order[first : first + batch_size]]
-            batch = _pad_rows([self.table[i] for i in chosen], pad_id, model.device)
-            self._store(chosen, verifier_targets(model, batch, self.taps, self.targets))
-            done = min(first + batch_size, len(order))
-            if done == len(order) or (first // batch_size) % 50 == 0:
-                log(f"feature cache {self.split}: {done}/{len(order)} rows "
-                    f"({time.perf_counter() - started:.0f} s)")
-        for array in [*self.tap_maps.values(), self.values, self.in_vocab, self.index]:
-            if array is not None:
-                array.flush()
-        return {"rows": len(order), "tokens": self.total_tokens, "targets": self.total_targets}
-
-    def _store(self, chosen: list[int], out: dict) -> None:
-        hidden = self.hidden
-        if self.targets is not None:  # where each row's targets start in the packed (N, K) tensors
-            found = out["predict"].sum(dim=1).tolist()
-            begins = np.concatenate([[0], np.cumsum(found)]).astype(np.int64)
-        for slot, row in enumerate(chosen):
-            length = int(self.tokens[row])
-            start = int(self.offsets[0, row])
-            for k, t in enumerate(self.taps):
-                tap = out["features"][slot, :length, k * hidden : (k + 1) * hidden]
-                self.tap_maps[t][start : start + length] = _bf16_bits(tap)
-            if self.targets is None:
-                continue
-            start, count = int(self.offsets[1, row]), int(self.n_targets[row])
-            if int(found[slot]) != count:
-                raise RuntimeError(
-                    f"{self.split} row {row}: {int(found[slot])} target positions, expected {count}"
-                )
-            packed = slice(int(begins[slot]), int(begins[slot]) + count)
-            self.values[start : start + count] = _bf16_bits(out["target_values"][packed])
-            self.in_vocab[start : start + count] = out["in_vocab"][packed].cpu().numpy().astype(np.uint8)
-            if self.index is not None:
-                self.index[start : start + count] = out["target_index"][packed].cpu().numpy().astype(np.int32)
-
-
-def _pad_rows(rows: Iterable[dict], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    batch = pad_batch(list(rows), pad_id)
-    return {k: v.to(device) for k, v in batch.items()}
 
 
 # --- rows and batches that carry the cache -------------------------------------------------------------
